@@ -1,0 +1,97 @@
+"""Run a pinned XDP program on one frame with BPF_PROG_TEST_RUN.
+
+The conformance suite uses this to drive the real, loaded ``lb_xdp`` program
+(the one the daemon pinned, with the maps the daemon filled through the table
+protocol) without a network. Two bpf(2) commands are all it takes, so this
+talks to the syscall through ctypes rather than pulling in a BPF library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
+BPF_OBJ_GET = 7
+BPF_PROG_TEST_RUN = 10
+
+XDP_ACTIONS = {0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"}
+
+
+class _ObjGetAttr(ctypes.Structure):
+    _fields_ = (
+        ("pathname", ctypes.c_uint64),
+        ("bpf_fd", ctypes.c_uint32),
+        ("file_flags", ctypes.c_uint32),
+        ("path_fd", ctypes.c_int32),
+        ("_pad", ctypes.c_uint8 * 108),
+    )
+
+
+class _TestRunAttr(ctypes.Structure):
+    _fields_ = (
+        ("prog_fd", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("data_in", ctypes.c_uint64),
+        ("data_out", ctypes.c_uint64),
+        ("repeat", ctypes.c_uint32),
+        ("duration", ctypes.c_uint32),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_uint64),
+        ("ctx_out", ctypes.c_uint64),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint8 * 60),
+    )
+
+
+class BpfError(OSError):
+    pass
+
+
+class PinnedXdpProgram:
+    """An XDP program pinned in bpffs, opened for test runs."""
+
+    def __init__(self, pin_path: str) -> None:
+        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self._nr = _BPF_SYSCALL[platform.machine()]
+        path = ctypes.create_string_buffer(pin_path.encode())
+        attr = _ObjGetAttr(pathname=ctypes.addressof(path))
+        self.fd = self._bpf(BPF_OBJ_GET, attr)
+
+    def _bpf(self, cmd: int, attr: ctypes.Structure) -> int:
+        ret = self._libc.syscall(
+            self._nr, ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr))
+        )
+        if ret < 0:
+            err = ctypes.get_errno()
+            raise BpfError(err, f"bpf(cmd={cmd}): {os.strerror(err)}")
+        return int(ret)
+
+    def run(self, frame: bytes) -> tuple[str, bytes]:
+        """Run the program once on ``frame``; return (action, frame as it left)."""
+        data_in = ctypes.create_string_buffer(frame, len(frame))
+        out_len = len(frame) + 256
+        data_out = ctypes.create_string_buffer(out_len)
+        attr = _TestRunAttr(
+            prog_fd=self.fd,
+            data_size_in=len(frame),
+            data_size_out=out_len,
+            data_in=ctypes.addressof(data_in),
+            data_out=ctypes.addressof(data_out),
+            repeat=1,
+        )
+        self._bpf(BPF_PROG_TEST_RUN, attr)
+        action = XDP_ACTIONS.get(attr.retval, f"unknown({attr.retval})")
+        return action, data_out.raw[: attr.data_size_out]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

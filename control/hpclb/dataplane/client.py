@@ -1,0 +1,136 @@
+"""Client side of the table protocol (dataplane/common/PROTOCOL.md).
+
+One request, one reply, over a ZeroMQ REQ socket. A reply that does not come
+within the timeout raises ``DataplaneTimeout`` and the socket is rebuilt, since
+a REQ socket that missed its reply cannot send again.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from hpclb.dataplane.tables import (
+    PROTOCOL_VERSION,
+    RING_PATCH_DTYPE,
+    Backend,
+    BackendState,
+    Vip,
+    mac_bytes,
+)
+
+
+class DataplaneError(RuntimeError):
+    """The data plane refused a request (its reply had ok=false)."""
+
+
+class DataplaneTimeout(DataplaneError):
+    """No reply within the timeout: the data plane is down or wedged."""
+
+
+class DataplaneClient:
+    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.timeout_ms = int(timeout_s * 1000)
+        self._ctx = zmq.Context.instance()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._seq = 0
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            sock: zmq.Socket[bytes] = self._ctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
+            sock.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def send_raw(self, payload: bytes) -> dict[str, Any]:
+        """Send bytes as they are (tests use this for malformed messages)."""
+        sock = self._socket()
+        try:
+            sock.send(payload)
+            reply = sock.recv()
+        except zmq.Again as exc:
+            self.close()
+            raise DataplaneTimeout(f"no reply from {self.endpoint}") from exc
+        decoded = msgpack.unpackb(reply, raw=False)
+        if not isinstance(decoded, dict):
+            raise DataplaneError(f"malformed reply from {self.endpoint}: {decoded!r}")
+        return decoded
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        self._seq += 1
+        request = {"v": PROTOCOL_VERSION, "op": op, "seq": self._seq, **fields}
+        reply = self.send_raw(msgpack.packb(request, use_bin_type=True))
+        if not reply.get("ok"):
+            raise DataplaneError(f"{op}: {reply.get('error', 'error without a message')}")
+        return reply
+
+    # --- operations ------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        return self.call("hello")
+
+    def set_config(self, hash_key: bytes) -> None:
+        self.call("set_config", hash_key=hash_key)
+
+    def set_vip(self, vip: Vip) -> None:
+        self.call(
+            "set_vip",
+            vip_id=vip.vip_id,
+            addr=vip.addr.packed,
+            port=vip.port,
+            proto=vip.proto,
+            mode=int(vip.mode),
+        )
+
+    def del_vip(self, addr: ipaddress.IPv4Address, port: int, proto: int) -> None:
+        self.call("del_vip", addr=addr.packed, port=port, proto=proto)
+
+    def set_backends(self, backends: list[Backend]) -> None:
+        self.call(
+            "set_backends",
+            backends=[
+                {
+                    "id": b.backend_id,
+                    "addr": b.addr.packed,
+                    "mac": mac_bytes(b.mac),
+                    "state": int(b.state),
+                    "port": b.port,
+                }
+                for b in backends
+            ],
+        )
+
+    def set_backend_state(self, backend_id: int, state: BackendState) -> None:
+        self.call("set_backend_state", id=backend_id, state=int(state))
+
+    def set_ring(self, vip_id: int, ring: np.ndarray) -> None:
+        self.call("set_ring", vip_id=vip_id, slots=ring.astype("<u4").tobytes())
+
+    def patch_ring(self, vip_id: int, slots: np.ndarray, values: np.ndarray) -> None:
+        patch = np.empty(len(slots), dtype=RING_PATCH_DTYPE)
+        patch["slot"] = slots
+        patch["backend"] = values
+        self.call("patch_ring", vip_id=vip_id, patch=patch.tobytes())
+
+    def get_ring(self, vip_id: int) -> np.ndarray:
+        reply = self.call("get_ring", vip_id=vip_id)
+        return np.frombuffer(reply["slots"], dtype="<u4").copy()
+
+    def dump(self) -> dict[str, Any]:
+        return self.call("dump")
+
+    def stats(self) -> dict[str, Any]:
+        return self.call("stats")

@@ -1,0 +1,76 @@
+"""Desired state -> table protocol operations.
+
+``push_tables`` brings a data plane from the tables it holds (``current``, or
+nothing after a start) to ``desired`` with the fewest operations: backends
+first (a ring may only name backends the data plane knows), then VIPs, then
+rings — as a patch of the changed slots when the VIP already had a ring, so a
+weight change never rewrites 65537 slots — and VIP deletions last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.tables import BackendState, TableSet
+from hpclb.maglev import diff_tables
+
+
+@dataclass
+class PushReport:
+    backends_set: int = 0
+    vips_set: int = 0
+    vips_deleted: int = 0
+    rings_full: int = 0
+    slots_patched: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"backends={self.backends_set} vips={self.vips_set} "
+            f"vips_deleted={self.vips_deleted} "
+            f"full_rings={self.rings_full} patched_slots={self.slots_patched}"
+        )
+
+
+def push_tables(client: DataplaneClient, current: TableSet | None, desired: TableSet) -> PushReport:
+    report = PushReport()
+    if current is None or current.hash_key != desired.hash_key:
+        client.set_config(desired.hash_key)
+        current = None  # a new key moves every slot: push everything again
+
+    old_backends = current.backends if current else {}
+    changed = [b for bid, b in desired.backends.items() if old_backends.get(bid) != b]
+    # Backends no longer configured become UNUSED (after rings stop naming them).
+    removed = [bid for bid in old_backends if bid not in desired.backends]
+    if changed:
+        client.set_backends(changed)
+        report.backends_set = len(changed)
+
+    old_vips = current.vips if current else {}
+    # Delete first: a VIP whose key moved to another id must be gone before
+    # the new id claims the key.
+    for vip_id, vip in old_vips.items():
+        if desired.vips.get(vip_id) != vip:
+            client.del_vip(vip.addr, vip.port, vip.proto)
+            report.vips_deleted += 1
+    for vip_id, vip in desired.vips.items():
+        unchanged = old_vips.get(vip_id) == vip
+        if not unchanged:
+            client.set_vip(vip)
+            report.vips_set += 1
+        ring = desired.rings[vip_id]
+        old_ring = current.rings.get(vip_id) if current and unchanged else None
+        if old_ring is None:
+            client.set_ring(vip_id, ring)
+            report.rings_full += 1
+        else:
+            slots, values = diff_tables(old_ring, ring)
+            if len(slots):
+                client.patch_ring(vip_id, slots, values)
+                report.slots_patched += len(slots)
+
+    for bid in removed:
+        client.set_backend_state(bid, BackendState.UNUSED)
+    return report
+
+

@@ -1,0 +1,125 @@
+"""The data-plane tables as the control plane sees them.
+
+``TableSet`` is the complete desired state of one data plane (hash key, VIPs,
+backends, one Maglev ring per VIP). The controller builds one from the
+configuration; ``push.py`` turns the difference between two of them into table
+protocol operations. The numpy dtypes mirror ``dataplane/common/lb_tables.h``;
+``tests/unit/test_tables_layout.py`` compiles that header and checks every size.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Mirrors of lb_tables.h constants (checked against the header by a test).
+PROTOCOL_VERSION = 1
+MAX_VIPS = 64
+MAX_BACKENDS = 4096
+RING_SIZE_DEFAULT = 65537
+RING_SIZE_MAX = 1048573
+MAX_PORTS = 8
+HASH_KEY_LEN = 16
+RING_PROBES = 8
+NO_BACKEND = 0xFFFFFFFF
+
+STAT_NAMES = (
+    "rx",
+    "fwd_tx",
+    "fwd_redirect",
+    "pass_not_ipv4",
+    "pass_not_vip",
+    "pass_fragment",
+    "drop_malformed",
+    "drop_no_backend",
+    "drop_tx_error",
+    "flow_hit",
+    "flow_new",
+    "flow_repin",
+)
+
+IPPROTO_TCP = 6
+IPPROTO_UDP = 17
+PROTOCOLS = {"tcp": IPPROTO_TCP, "udp": IPPROTO_UDP}
+
+
+class BackendState(enum.IntEnum):
+    UP = 0
+    DRAINING = 1
+    DOWN = 2
+    UNUSED = 3
+
+
+class VipMode(enum.IntEnum):
+    DSR = 0
+    NAT = 1
+    TUNNEL = 2
+
+
+# numpy views of the C structs (little-endian host, network-order fields kept as bytes).
+VIP_KEY_DTYPE = np.dtype([("addr", "4u1"), ("port", ">u2"), ("proto", "u1"), ("pad", "u1")])
+VIP_ENTRY_DTYPE = np.dtype([("vip_id", "<u4"), ("mode", "u1"), ("pad", "3u1")])
+BACKEND_DTYPE = np.dtype([("addr", "4u1"), ("mac", "6u1"), ("state", "u1"), ("port", "u1")])
+RING_PATCH_DTYPE = np.dtype([("slot", "<u4"), ("backend", "<u4")])
+FLOW_KEY_DTYPE = np.dtype(
+    [("saddr", "4u1"), ("daddr", "4u1"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1"),
+     ("pad", "3u1")]
+)
+FLOW_ENTRY_DTYPE = np.dtype([("backend", "<u4"), ("vip_id", "<u4"), ("last_seen_ns", "<u8")])
+PORT_DTYPE = np.dtype([("ifindex", "<u4"), ("mac", "6u1"), ("pad", "<u2")])
+COUNTER_DTYPE = np.dtype([("packets", "<u8"), ("bytes", "<u8")])
+CONFIG_DTYPE = np.dtype([("hash_key", "16u1"), ("ring_size", "<u4"), ("flags", "<u4")])
+
+
+def mac_bytes(mac: str) -> bytes:
+    """'aa:bb:cc:dd:ee:ff' -> 6 bytes."""
+    parts = mac.split(":")
+    if len(parts) != 6:
+        raise ValueError(f"bad MAC address {mac!r}")
+    return bytes(int(p, 16) for p in parts)
+
+
+def mac_str(raw: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+@dataclass(frozen=True)
+class Vip:
+    vip_id: int
+    addr: ipaddress.IPv4Address
+    port: int
+    proto: int
+    mode: VipMode = VipMode.DSR
+
+    @property
+    def key(self) -> tuple[ipaddress.IPv4Address, int, int]:
+        return (self.addr, self.port, self.proto)
+
+
+@dataclass(frozen=True)
+class Backend:
+    backend_id: int
+    addr: ipaddress.IPv4Address
+    mac: str
+    state: BackendState = BackendState.UP
+    port: int = 0
+
+
+@dataclass
+class TableSet:
+    """Everything one data plane holds, as the control plane wants it."""
+
+    hash_key: bytes
+    ring_size: int = RING_SIZE_DEFAULT
+    vips: dict[int, Vip] = field(default_factory=dict)
+    backends: dict[int, Backend] = field(default_factory=dict)
+    rings: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def vip_for(self, addr: ipaddress.IPv4Address, port: int, proto: int) -> Vip | None:
+        for vip in self.vips.values():
+            if vip.key == (addr, port, proto):
+                return vip
+        return None

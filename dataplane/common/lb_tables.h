@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * lb_tables.h - every structure and size shared by the control plane and the
+ * data planes (XDP program, XDP daemon, DPDK forwarder).
+ *
+ * Sizes live here and nowhere else. Python mirrors these layouts in
+ * control/hpclb/dataplane/tables.py; tests/unit/test_tables_layout.py compiles
+ * this header and checks that every size and offset agrees.
+ *
+ * All multi-byte address and port fields are in network byte order, exactly as
+ * they appear in the packet, so the fast path never swaps bytes.
+ */
+#ifndef HPCLB_LB_TABLES_H
+#define HPCLB_LB_TABLES_H
+
+#ifdef __BPF__
+#include <linux/types.h>
+#else
+#include <stdint.h>
+typedef uint8_t __u8;
+typedef uint16_t __u16;
+typedef uint32_t __u32;
+typedef uint64_t __u64;
+#endif
+
+/* ---- sizes ------------------------------------------------------------- */
+
+#define LB_PROTOCOL_VERSION 1
+
+#define LB_MAX_VIPS 64           /* VIP table entries; a VIP's id is its ring id */
+#define LB_MAX_BACKENDS 4096     /* backend table entries, ids 0..LB_MAX_BACKENDS-1 */
+#define LB_RING_SIZE_DEFAULT 65537 /* Maglev table size, a prime */
+#define LB_RING_SIZE_MAX 1048573   /* largest prime ring the data planes accept */
+#define LB_MAX_FLOWS 1048576     /* flow-affinity entries (per CPU in XDP) */
+#define LB_MAX_PORTS 8           /* egress ports: 0 = the ingress port (one-arm) */
+#define LB_HASH_KEY_LEN 16       /* SipHash-2-4 key */
+#define LB_RING_PROBES 8         /* ring slots tried when a slot's backend is not up */
+#define LB_MAX_MSG_BYTES (16u << 20) /* largest table-protocol message accepted */
+
+/* A ring slot that belongs to nobody (every weight 0): packets are dropped. */
+#define LB_NO_BACKEND 0xffffffffu
+
+/* ---- VIPs -------------------------------------------------------------- */
+
+struct lb_vip_key {
+	__u32 addr;  /* IPv4, network order */
+	__u16 port;  /* L4 destination port, network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;    /* always 0 */
+};
+
+enum lb_vip_mode {
+	LB_MODE_DSR = 0,    /* rewrite the destination MAC; the backend answers directly */
+	LB_MODE_NAT = 1,    /* reserved: DNAT in, reverse out */
+	LB_MODE_TUNNEL = 2, /* reserved: IPIP/GUE encapsulation */
+};
+
+struct lb_vip_entry {
+	__u32 vip_id; /* index of the VIP's ring and counters, < LB_MAX_VIPS */
+	__u8 mode;    /* enum lb_vip_mode */
+	__u8 pad[3];
+};
+
+/* ---- backends ---------------------------------------------------------- */
+
+enum lb_backend_state {
+	LB_BACKEND_UP = 0,       /* takes new flows and keeps old ones */
+	LB_BACKEND_DRAINING = 1, /* keeps its flows, takes no new ones */
+	LB_BACKEND_DOWN = 2,     /* its flows re-hash at their next packet */
+	LB_BACKEND_UNUSED = 3,   /* empty table entry */
+};
+
+struct lb_backend {
+	__u32 addr;   /* IPv4, network order (for NAT/tunnel modes and for reports) */
+	__u8 mac[6];  /* destination MAC written into forwarded frames */
+	__u8 state;   /* enum lb_backend_state */
+	__u8 port;    /* egress port: 0 = back out of the ingress port (XDP_TX), else devmap index */
+};
+
+/* ---- Maglev ring ------------------------------------------------------- *
+ * One ring per VIP, ring_size slots of __u32 backend ids (or LB_NO_BACKEND).
+ * Slot of a flow: lb_flow_hash(key, tuple) % ring_size. ring_size is chosen
+ * when a data plane starts and reported by the protocol's hello.
+ */
+struct lb_ring_patch {
+	__u32 slot;
+	__u32 backend;
+};
+
+/* ---- flows ------------------------------------------------------------- */
+
+struct lb_flow_key {
+	__u32 saddr; /* network order */
+	__u32 daddr;
+	__u16 sport; /* network order */
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3]; /* always 0: the key is hashed as 16 bytes */
+};
+
+struct lb_flow_entry {
+	__u32 backend; /* backend id the flow is pinned to */
+	__u32 vip_id;
+	__u64 last_seen_ns;
+};
+
+/* ---- egress ports ------------------------------------------------------ */
+
+struct lb_port {
+	__u32 ifindex;
+	__u8 mac[6]; /* source MAC written into frames leaving through this port */
+	__u16 pad;
+};
+
+/* ---- counters ---------------------------------------------------------- */
+
+struct lb_counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* Global event and drop counters, indexed by this enum. Names must match
+ * LB_STAT_NAMES below (the protocol's stats reply uses them). */
+enum lb_stat {
+	LB_STAT_RX = 0,            /* every packet seen */
+	LB_STAT_FWD_TX,            /* forwarded back out of the ingress port */
+	LB_STAT_FWD_REDIRECT,      /* forwarded through another port */
+	LB_STAT_PASS_NOT_IPV4,     /* not IPv4: handed to the kernel */
+	LB_STAT_PASS_NOT_VIP,      /* IPv4 but no VIP for (addr, port, proto) */
+	LB_STAT_PASS_FRAGMENT,     /* IPv4 fragment: handed to the kernel */
+	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL */
+	LB_STAT_DROP_NO_BACKEND,   /* ring empty or no up backend within LB_RING_PROBES */
+	LB_STAT_DROP_TX_ERROR,     /* bad port or redirect failure */
+	LB_STAT_FLOW_HIT,          /* packet matched a pinned flow */
+	LB_STAT_FLOW_NEW,          /* flow hashed into the ring */
+	LB_STAT_FLOW_REPIN,        /* pinned flow whose backend was down: re-hashed */
+	LB_STAT_MAX
+};
+
+#define LB_STAT_NAMES                                                       \
+	{ "rx", "fwd_tx", "fwd_redirect", "pass_not_ipv4", "pass_not_vip",   \
+	  "pass_fragment", "drop_malformed", "drop_no_backend",              \
+	  "drop_tx_error", "flow_hit", "flow_new", "flow_repin" }
+
+/* ---- global configuration (one entry) ---------------------------------- */
+
+struct lb_config {
+	__u8 hash_key[LB_HASH_KEY_LEN];
+	__u32 ring_size;
+	__u32 flags; /* reserved, 0 */
+};
+
+#endif /* HPCLB_LB_TABLES_H */

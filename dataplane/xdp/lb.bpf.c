@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * lb.bpf.c - the XDP data plane: IPv4 TCP/UDP to a VIP in DSR mode.
+ *
+ * Per packet: parse Ethernet/IPv4/L4 with every length checked, look the
+ * (daddr, dport, proto) triple up in vip_map, then
+ *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
+ *      a weight change or ring patch never moves an established flow);
+ *   2. otherwise hash the 5-tuple (lb_hash.h) into the VIP's ring and take the
+ *      first up backend among LB_RING_PROBES probe slots (a down or draining
+ *      backend takes no new flow even before the control plane rewrites the
+ *      ring), then pin the flow;
+ *   3. rewrite the destination MAC to the backend's, the source MAC to the
+ *      egress port's, and XDP_TX (port 0, one-arm) or XDP_REDIRECT through
+ *      tx_devmap (two-arm).
+ * Everything that is not for a VIP is XDP_PASS, untouched. Fragments pass to
+ * the kernel (a non-first fragment carries no ports, so it cannot be balanced
+ * consistently with its head). IP options are skipped using the IHL.
+ * control/hpclb/model.py is the reference for all of this.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "lb_tables.h"
+#include "lb_hash.h"
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_vip_key);
+	__type(value, struct lb_vip_entry);
+	__uint(max_entries, LB_MAX_VIPS);
+} vip_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_backend);
+	__uint(max_entries, LB_MAX_BACKENDS);
+} backend_map SEC(".maps");
+
+/* vip_id * ring_size + slot -> backend id; resized by the daemon before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_MAX_VIPS * LB_RING_SIZE_DEFAULT);
+} ring_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__type(key, struct lb_flow_key);
+	__type(value, struct lb_flow_entry);
+	__uint(max_entries, LB_MAX_FLOWS);
+} flow_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+	__uint(max_entries, 1);
+} config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_port);
+	__uint(max_entries, LB_MAX_PORTS);
+} port_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_MAX_PORTS);
+} tx_devmap SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+	__uint(max_entries, LB_STAT_MAX);
+} stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+	__uint(max_entries, LB_MAX_VIPS);
+} vip_stats_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_counter);
+	__uint(max_entries, LB_MAX_BACKENDS);
+} backend_stats_map SEC(".maps");
+
+static __always_inline void count(struct lb_counter *c, __u64 bytes)
+{
+	if (c) {
+		c->packets += 1;
+		c->bytes += bytes;
+	}
+}
+
+static __always_inline int stat(__u32 which, __u64 bytes, int verdict)
+{
+	count(bpf_map_lookup_elem(&stats_map, &which), bytes);
+	return verdict;
+}
+
+static __always_inline int backend_is(const struct lb_backend *b, __u8 state)
+{
+	return b && b->state == state;
+}
+
+/* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
+static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip_id,
+					  const struct lb_flow_key *flow)
+{
+	__u32 ring_size = cfg->ring_size;
+	__u64 hash;
+	__u32 n;
+
+	if (ring_size < 3)
+		return LB_NO_BACKEND;
+	hash = lb_flow_hash(cfg->hash_key, flow);
+	for (n = 0; n < LB_RING_PROBES; n++) {
+		__u32 idx = vip_id * ring_size + lb_probe_slot(hash, ring_size, n);
+		__u32 *id = bpf_map_lookup_elem(&ring_map, &idx);
+		__u32 backend_id;
+
+		if (!id)
+			return LB_NO_BACKEND;
+		backend_id = *id;
+		if (backend_id == LB_NO_BACKEND)
+			continue;
+		if (backend_is(bpf_map_lookup_elem(&backend_map, &backend_id), LB_BACKEND_UP))
+			return backend_id;
+	}
+	return LB_NO_BACKEND;
+}
+
+SEC("xdp")
+int lb_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u64 len = (__u64)(data_end - data);
+	struct ethhdr *eth = data;
+	struct iphdr *iph;
+	struct lb_vip_key vkey = {};
+	struct lb_flow_key flow = {};
+	struct lb_flow_entry *pinned, fresh = {};
+	struct lb_vip_entry *vip;
+	struct lb_backend *backend = NULL;
+	struct lb_config *cfg;
+	struct lb_port *port;
+	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx;
+	void *l4;
+
+	stat(LB_STAT_RX, len, 0);
+	if ((void *)(eth + 1) > data_end)
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
+
+	iph = (void *)(eth + 1);
+	if ((void *)(iph + 1) > data_end || iph->ihl < 5 || iph->version != 4)
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
+
+	/* ihl is 4 bits, so the options are at most 40 bytes: a bounded offset. */
+	l4 = (void *)iph + (iph->ihl & 0xf) * 4;
+	if (iph->protocol == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+
+		if ((void *)(tcp + 1) > data_end)
+			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+		flow.sport = tcp->source;
+		flow.dport = tcp->dest;
+	} else {
+		struct udphdr *udp = l4;
+
+		if ((void *)(udp + 1) > data_end)
+			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+		flow.sport = udp->source;
+		flow.dport = udp->dest;
+	}
+	flow.saddr = iph->saddr;
+	flow.daddr = iph->daddr;
+	flow.proto = iph->protocol;
+
+	vkey.addr = flow.daddr;
+	vkey.port = flow.dport;
+	vkey.proto = flow.proto;
+	vip = bpf_map_lookup_elem(&vip_map, &vkey);
+	if (!vip)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&config_map, &zero);
+	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+
+	pinned = bpf_map_lookup_elem(&flow_map, &flow);
+	if (pinned) {
+		backend_id = pinned->backend;
+		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
+		if (backend_is(backend, LB_BACKEND_UP) || backend_is(backend, LB_BACKEND_DRAINING)) {
+			stat(LB_STAT_FLOW_HIT, len, 0);
+		} else {
+			stat(LB_STAT_FLOW_REPIN, len, 0);
+			backend = NULL;
+		}
+	}
+	if (!backend) {
+		backend_id = pick_backend(cfg, vip->vip_id, &flow);
+		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
+		if (!backend)
+			return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+		if (!pinned)
+			stat(LB_STAT_FLOW_NEW, len, 0);
+		fresh.backend = backend_id;
+		fresh.vip_id = vip->vip_id;
+		fresh.last_seen_ns = bpf_ktime_get_ns();
+		bpf_map_update_elem(&flow_map, &flow, &fresh, BPF_ANY);
+	} else if (pinned) {
+		pinned->last_seen_ns = bpf_ktime_get_ns();
+	}
+
+	port_idx = backend->port;
+	port = bpf_map_lookup_elem(&port_map, &port_idx);
+	if (!port || port->ifindex == 0)
+		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+	__builtin_memcpy(eth->h_dest, backend->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, port->mac, ETH_ALEN);
+	count(bpf_map_lookup_elem(&vip_stats_map, &vip->vip_id), len);
+	count(bpf_map_lookup_elem(&backend_stats_map, &backend_id), len);
+
+	if (port_idx == 0)
+		return stat(LB_STAT_FWD_TX, len, XDP_TX);
+	stat(LB_STAT_FWD_REDIRECT, len, 0);
+	return bpf_redirect_map(&tx_devmap, port_idx, XDP_DROP);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
