@@ -9,10 +9,11 @@ weight change never rewrites 65537 slots — and VIP deletions last.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from hpclb.dataplane.client import DataplaneClient
-from hpclb.dataplane.tables import BackendState, TableSet
+from hpclb.dataplane.tables import Backend, BackendState, TableSet, Vip, VipMode, mac_str
 from hpclb.maglev import diff_tables
 
 
@@ -74,3 +75,32 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     return report
 
 
+
+
+def fetch_tables(client: DataplaneClient) -> TableSet:
+    """What a running data plane holds, read back through dump and get_ring.
+
+    Used when the control plane adopts a data plane that outlived it: the next
+    push is then a diff against what is really there.
+    """
+    dump = client.dump()
+    tables = TableSet(hash_key=bytes(dump["hash_key"]), ring_size=int(dump["ring_size"]))
+    for b in dump["backends"]:
+        tables.backends[int(b["id"])] = Backend(
+            backend_id=int(b["id"]),
+            addr=ipaddress.IPv4Address(bytes(b["addr"])),
+            mac=mac_str(bytes(b["mac"])),
+            state=BackendState(int(b["state"])),
+            port=int(b["port"]),
+        )
+    for v in dump["vips"]:
+        vip = Vip(
+            vip_id=int(v["vip_id"]),
+            addr=ipaddress.IPv4Address(bytes(v["addr"])),
+            port=int(v["port"]),
+            proto=int(v["proto"]),
+            mode=VipMode(int(v["mode"])),
+        )
+        tables.vips[vip.vip_id] = vip
+        tables.rings[vip.vip_id] = client.get_ring(vip.vip_id)
+    return tables

@@ -1,0 +1,112 @@
+"""The `hpclb` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from hpclb.config import ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    backends = sum(len(p.backends) for p in cfg.pools.values())
+    print(f"{args.config}: ok ({len(cfg.vips)} VIPs, {len(cfg.pools)} pools, {backends} backends)")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hpclb.controller import Controller
+
+    controller = Controller(args.config, args.state_dir, args.run_dir, args.keep_dataplane)
+    signal.signal(signal.SIGHUP, lambda *_: controller.reload_requested.set())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: controller.stop_requested.set())
+    try:
+        controller.start()
+        controller.run_forever()
+    finally:
+        controller.shutdown()
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from hpclb.dataplane.client import DataplaneClient
+
+    client = DataplaneClient(args.socket, timeout_s=2.0)
+    try:
+        print(json.dumps(client.stats(), indent=1, default=lambda b: b.hex()))
+    finally:
+        client.close()
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from hpclb.demo import run_demo
+
+    return run_demo(connections=args.connections, dataplane=args.dataplane)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from hpclb.bench import run_bench
+
+    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpclb", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="validate a configuration file")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("run", help="run the appliance (control plane + data plane)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--state-dir", type=Path, help="checkpoints (default /var/lib/hpclb/NAME)")
+    p.add_argument("--run-dir", type=Path, help="pid and log files (default /run/hpclb)")
+    p.add_argument(
+        "--keep-dataplane", action="store_true",
+        help="leave the data plane forwarding when this process stops",
+    )
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("stats", help="counters of a running data plane")
+    p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
+    p.set_defaults(func=_cmd_stats)
+
+    p = sub.add_parser("demo", help="the lab demo on network namespaces")
+    p.add_argument("--connections", type=int, default=600)
+    p.add_argument("--dataplane", choices=["xdp"], default="xdp")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")
+    p.add_argument("--out", type=Path, default=Path("results/bench.json"))
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--trials", type=int, default=3)
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

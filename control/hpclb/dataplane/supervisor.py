@@ -1,0 +1,178 @@
+"""Start, adopt, watch and restart the data-plane process.
+
+The data plane runs in its own session (``start_new_session``) so that it
+outlives the control plane: if ``hpclb run`` dies, packets keep flowing with
+the last tables, and the next ``hpclb run`` adopts the running process (its
+pid file names it and it answers hello on the socket) instead of starting a
+new one. A data plane that exits is restarted with a growing back-off and the
+controller pushes its tables again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpclb.dataplane.client import DataplaneClient, DataplaneError
+
+log = logging.getLogger("hpclb.supervisor")
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def find_xdp_daemon() -> str:
+    """The hpclb-xdp binary: $HPCLB_XDP_BIN, the source tree's build, or $PATH."""
+    candidates = [os.environ.get("HPCLB_XDP_BIN"), str(REPO_ROOT / "dataplane/build/hpclb-xdp")]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    found = shutil.which("hpclb-xdp")
+    if found:
+        return found
+    raise FileNotFoundError("hpclb-xdp not found: run ./bootstrap (make -C dataplane)")
+
+
+@dataclass
+class DataplaneProcess:
+    """One supervised data-plane process and the client that talks to it."""
+
+    argv: list[str]
+    endpoint: str
+    pidfile: Path
+    log_path: Path | None = None
+    start_timeout_s: float = 20.0
+    pid: int | None = None
+    restarts: int = 0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.client = DataplaneClient(self.endpoint, timeout_s=5.0)
+
+    # --- lifecycle -------------------------------------------------------
+
+    def adopt_or_start(self) -> bool:
+        """Adopt a running data plane if there is one; else start one.
+
+        Returns True when an existing process was adopted (its tables are still
+        in place), False when a fresh one was started.
+        """
+        pid = self._pid_from_file()
+        if pid is not None and _alive(pid):
+            try:
+                self.client.hello()
+            except DataplaneError:
+                log.warning("pid %d in %s does not answer on %s; restarting it",
+                            pid, self.pidfile, self.endpoint)
+                _terminate(pid)
+            else:
+                self.pid = pid
+                log.info("adopted running data plane pid %d on %s", pid, self.endpoint)
+                return True
+        self.start()
+        return False
+
+    def start(self) -> None:
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            if self.log_path:
+                out.close()  # type: ignore[union-attr]
+        self.pid = self._proc.pid
+        self.pidfile.write_text(f"{self.pid}\n")
+        log.info("started %s (pid %d)", " ".join(self.argv), self.pid)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise DataplaneError(
+                    f"data plane exited during start-up (see {self.log_path or 'its stderr'})"
+                )
+            try:
+                self.client.hello()
+                return
+            except DataplaneError:
+                time.sleep(0.1)
+        raise DataplaneError(f"data plane did not answer on {self.endpoint} in time")
+
+    def alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self.pid is not None and _alive(self.pid)
+
+    def restart_if_dead(self) -> bool:
+        """Restart a data plane that exited. True when a restart happened."""
+        if self.alive():
+            self._backoff_s = 0.5
+            return False
+        code = self._proc.returncode if self._proc else None
+        log.error("data plane pid %s exited (status %s); restarting in %.1fs",
+                  self.pid, code, self._backoff_s)
+        time.sleep(self._backoff_s)
+        self._backoff_s = min(self._backoff_s * 2, 10.0)
+        self.client.close()
+        self.start()
+        self.restarts += 1
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM the data plane (it detaches and unpins) and wait for it."""
+        if self.pid is not None:
+            if self._proc is not None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            else:
+                _terminate(self.pid)
+        self.client.close()
+        self.pidfile.unlink(missing_ok=True)
+        self.pid = None
+
+    def _pid_from_file(self) -> int | None:
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _terminate(pid: int, timeout_s: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)

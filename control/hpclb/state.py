@@ -1,0 +1,68 @@
+"""Stable table ids, checkpointed to disk.
+
+A pinned flow remembers a backend *id*; if a restart of the control plane gave
+that id to another node, established flows would silently land on the wrong
+machine. Ids are therefore allocated once per name and written to a JSON
+checkpoint (atomically: write, fsync, rename) that every later run reloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class IdTable:
+    """name -> small integer, lowest free id first, never reused while held."""
+
+    limit: int
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def get(self, name: str) -> int:
+        if name not in self.ids:
+            used = set(self.ids.values())
+            free = next((i for i in range(self.limit) if i not in used), None)
+            if free is None:
+                raise ValueError(f"no free id for {name!r}: all {self.limit} are in use")
+            self.ids[name] = free
+        return self.ids[name]
+
+    def retain(self, names: set[str]) -> None:
+        """Forget names no longer configured, freeing their ids."""
+        self.ids = {n: i for n, i in self.ids.items() if n in names}
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    backends: IdTable
+    vips: IdTable
+
+    @classmethod
+    def load(cls, path: Path, max_backends: int, max_vips: int) -> Checkpoint:
+        data: dict[str, dict[str, int]] = {}
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: unreadable checkpoint ({exc}); move it away") from exc
+        return cls(
+            path,
+            IdTable(max_backends, dict(data.get("backends", {}))),
+            IdTable(max_vips, dict(data.get("vips", {}))),
+        )
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"backends": self.backends.ids, "vips": self.vips.ids}, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ids.")
+        with os.fdopen(fd, "w") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
