@@ -22,6 +22,7 @@ import contextlib
 import json
 import signal
 import socket
+import struct
 import sys
 import time
 from collections import Counter
@@ -35,25 +36,57 @@ READY_LINE = "ready"
 MAX_LINE = 4096  # a backend answers lines, not payloads: bound what it buffers
 MAX_CONNECTIONS = 1_000_000
 MAX_CONCURRENCY = 10_000
+UDP_PORT_RETRIES = 20
 
 
 # --------------------------------------------------------------------------- server
 
 
-class _UdpEcho(asyncio.DatagramProtocol):
-    """Answers every datagram with the backend's name."""
+IP_PKTINFO = 8  # Linux <netinet/in.h>; the socket module does not export it
+_PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
 
-    def __init__(self, name: bytes) -> None:
+
+class UdpNameServer:
+    """Answers every datagram with the backend's name, *from the address it was sent to*.
+
+    A socket bound to 0.0.0.0 would answer from the route's source address, the
+    backend's own 198.18.0.x; in DSR the client sent to the VIP and drops anything else.
+    IP_PKTINFO gives the destination of each datagram and sets the source of the answer.
+    """
+
+    def __init__(self, name: bytes, bind: str, port: int) -> None:
         self.name = name
-        self.transport: asyncio.DatagramTransport | None = None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        self.sock.setblocking(False)
+        self.sock.bind((bind, port))
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_reader(self.sock.fileno(), self._on_readable)
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self.transport is not None:
-            self.transport.sendto(self.name, addr)
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+    def _on_readable(self) -> None:
+        for _ in range(64):  # bounded batch: other connections get their turn
+            try:
+                _, ancdata, _, addr = self.sock.recvmsg(MAX_LINE, socket.CMSG_SPACE(12))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue  # e.g. an ICMP error queued on the socket
+            self._answer(ancdata, addr)
+
+    def _answer(self, ancdata: list[tuple[int, int, bytes]], addr: tuple[str, int]) -> None:
+        cmsgs = []
+        for level, kind, data in ancdata:
+            if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= 12:
+                _, _, dst = _PKTINFO.unpack_from(data)
+                cmsgs = [(socket.IPPROTO_IP, IP_PKTINFO, _PKTINFO.pack(0, dst, bytes(4)))]
+        with contextlib.suppress(OSError):  # a full socket buffer drops, as UDP does
+            self.sock.sendmsg([self.name], cmsgs, 0, addr)
 
 
 def _tcp_handler(name: bytes, idle_timeout: float) -> Callable[
@@ -88,14 +121,11 @@ async def serve(name: str, port: int, udp: bool, bind: str, idle_timeout: float)
         _tcp_handler(reply, idle_timeout), bind, port, reuse_address=True, limit=MAX_LINE,
         backlog=1024,
     )
-    transport = None
-    if udp:
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _UdpEcho(reply), local_addr=(bind, port), reuse_port=False,
-        )
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    udp_server = UdpNameServer(reply, bind, port) if udp else None
+    if udp_server is not None:
+        udp_server.start(loop)
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(READY_LINE, flush=True)
@@ -103,8 +133,8 @@ async def serve(name: str, port: int, udp: bool, bind: str, idle_timeout: float)
         await stop.wait()
     finally:
         server.close()
-        if transport is not None:
-            transport.close()
+        if udp_server is not None:
+            udp_server.close(loop)
 
 
 # --------------------------------------------------------------------------- client
@@ -145,8 +175,12 @@ def _error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def _one_tcp(vip: str, port: int, timeout: float) -> tuple[str, int]:
-    """One short connection: connect, read the name, close. Returns (name, source port)."""
+async def _one_tcp(vip: str, port: int, timeout: float, used: set[int]) -> tuple[str, int]:
+    """One short connection: connect, read the name, close. Returns (name, source port).
+
+    ``used`` is not consulted: the client closes first, so TIME_WAIT keeps every port
+    it used out of the kernel's choice for this run (fresh port each connection).
+    """
     reader, writer = await asyncio.wait_for(asyncio.open_connection(vip, port), timeout)
     try:
         sport = writer.get_extra_info("sockname")[1]
@@ -174,14 +208,32 @@ class _UdpOnce(asyncio.DatagramProtocol):
             self.answer.set_exception(exc)
 
 
-async def _one_udp(vip: str, port: int, timeout: float) -> tuple[str, int]:
-    """One datagram from a fresh socket (so a fresh source port, a fresh flow)."""
+async def _fresh_udp_endpoint(
+    vip: str, port: int, used: set[int],
+) -> tuple[asyncio.DatagramTransport, _UdpOnce, int]:
+    """A connected UDP socket whose source port this run has not used yet.
+
+    Unlike TCP (TIME_WAIT holds a closed connection's port), a closed UDP socket's port
+    is free at once and the kernel may hand it out again: that would be the same flow,
+    not a new one. Retry a bounded number of times; past ~28k datagrams ports repeat.
+    """
     loop = asyncio.get_running_loop()
-    transport, proto = await loop.create_datagram_endpoint(
-        _UdpOnce, remote_addr=(vip, port), family=socket.AF_INET,
-    )
-    try:
+    for _ in range(UDP_PORT_RETRIES):
+        transport, proto = await loop.create_datagram_endpoint(
+            _UdpOnce, remote_addr=(vip, port), family=socket.AF_INET,
+        )
         sport = transport.get_extra_info("sockname")[1]
+        if sport not in used:
+            break
+        transport.close()
+    used.add(sport)
+    return transport, proto, sport
+
+
+async def _one_udp(vip: str, port: int, timeout: float, used: set[int]) -> tuple[str, int]:
+    """One datagram from a fresh socket and source port (a fresh flow)."""
+    transport, proto, sport = await _fresh_udp_endpoint(vip, port, used)
+    try:
         transport.sendto(b"who\n")
         data = await asyncio.wait_for(proto.answer, timeout)
     finally:
@@ -196,12 +248,13 @@ async def run_client(
     result = ClientResult(connections=connections)
     one = _one_udp if udp else _one_tcp
     sem = asyncio.Semaphore(concurrency)
+    used: set[int] = set()
     start = time.monotonic()
 
     async def attempt() -> None:
         async with sem:
             try:
-                name, sport = await one(vip, port, timeout)
+                name, sport = await one(vip, port, timeout, used)
             except Exception as exc:  # every failure is a counted outcome, not a crash
                 result.errors[_error_name(exc)] += 1
                 return
@@ -320,6 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overall limit; unfinished attempts count as failures")
     c.add_argument("--json", action="store_true", help="JSON on one line (default: indented)")
 
+    u = sub.add_parser("udpflows", help="one datagram from each of a range of source ports")
+    u.add_argument("--vip", required=True)
+    u.add_argument("--port", type=_positive(int, 65535), default=8080)
+    u.add_argument("--sports", required=True, help="FIRST-LAST source ports (at most 5000)")
+    u.add_argument("--timeout", type=_positive(float, 60), default=1.0)
+    u.add_argument("--json", action="store_true")
+
     st = sub.add_parser("stream", help="one long-lived connection, one line per interval")
     st.add_argument("--vip", required=True)
     st.add_argument("--port", type=_positive(int, 65535), default=8080)
@@ -328,6 +388,31 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", type=_positive(float, 600), default=2.0)
     st.add_argument("--json", action="store_true")
     return p
+
+
+# --------------------------------------------------------------------------- udp flows
+
+
+def run_udp_flows(vip: str, port: int, sports: range, timeout: float) -> dict[str, Any]:
+    """One datagram from each given source port: the same flows every run.
+
+    Re-running with the same ports re-sends the same 5-tuples, which is how the
+    lab watches which flows move when a backend goes down and which do not.
+    """
+    flows: dict[str, str] = {}
+    errors: Counter[str] = Counter()
+    for sport in sports:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.settimeout(timeout)
+            try:
+                sock.bind(("0.0.0.0", sport))
+                sock.connect((vip, port))
+                sock.send(b"who\n")
+                flows[str(sport)] = sock.recv(256).decode(errors="replace").strip()
+            except OSError as exc:
+                errors[_error_name(exc)] += 1
+    return {"flows": flows, "errors": dict(errors)}
 
 
 def _print(obj: dict[str, Any], compact: bool) -> None:
@@ -344,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
                                      args.timeout, args.deadline, args.udp))
         _print(res.to_json(), args.json)
         return 0 if res.to_json()["failures"] == 0 else 1
+    if args.cmd == "udpflows":
+        first, _, last = args.sports.partition("-")
+        report = run_udp_flows(args.vip, args.port, range(int(first), int(last or first) + 1),
+                               args.timeout)
+        _print(report, args.json)
+        return 0
     out = asyncio.run(run_stream(args.vip, args.port, args.interval_ms / 1000, args.duration,
                                  args.timeout))
     _print(out.to_json(), args.json)

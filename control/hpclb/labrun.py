@@ -1,0 +1,159 @@
+"""An hpclb appliance running in the lab: config file, `hpclb run`, reloads.
+
+Used by the demo, the lab end-to-end tests and the benchmark. The appliance is
+the real thing: `hpclb run` in its own process, which starts `hpclb-xdp` in
+the lab's appliance namespace; weight and state changes are made the way an
+operator makes them (edit the YAML, send SIGHUP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpclb.dataplane.client import DataplaneClient
+from hpclb.lab import Lab
+
+LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
+LAB_VIP = "198.18.1.10"
+LAB_PORT = 8080
+
+
+class LabApplianceError(RuntimeError):
+    pass
+
+
+class LabAppliance:
+    """`hpclb run` for a lab, with helpers to change weights and states."""
+
+    def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
+                 xdp_mode: str = "native") -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.weights = dict(weights)
+        self.states: dict[str, str] = dict.fromkeys(weights, "up")
+        self.xdp_mode = xdp_mode
+        self.config_path = workdir / "hpclb.yaml"
+        self.socket = f"ipc://{workdir}/dataplane.sock"
+        self.log_path = workdir / "hpclb-run.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = DataplaneClient(self.socket, timeout_s=5.0)
+
+    # --- configuration ------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        backends = [
+            {"name": name, "address": self.lab.ip_of(name), "weight": w,
+             "state": self.states[name]}
+            for name, w in self.weights.items()
+        ]
+        return {
+            "appliance": {
+                "name": f"{self.lab.prefix}-appliance",
+                "dataplane": "xdp",
+                "interfaces": {"ingress": "eth0"},
+                "netns": self.lab.lb_ns,
+                "hash_key": LAB_HASH_KEY,
+                "control_socket": self.socket,
+                "xdp": {"mode": self.xdp_mode, "flow_table_size": 65536},
+            },
+            "pools": {"lab": {"weights": "static", "backends": backends}},
+            "vips": [
+                {"name": "lab-tcp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "tcp",
+                 "mode": "dsr", "pool": "lab"},
+                {"name": "lab-udp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "udp",
+                 "mode": "dsr", "pool": "lab"},
+            ],
+        }
+
+    def _write_config(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self._write_config()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hpclb.cli", "run", "-c", str(self.config_path),
+                 "--state-dir", str(self.workdir / "state"),
+                 "--run-dir", str(self.workdir / "run")],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            )
+        self._wait_pushes(1, timeout_s)
+
+    def _pushes(self) -> int:
+        try:
+            return self.log_path.read_text().count("pushed tables")
+        except FileNotFoundError:
+            return 0
+
+    def _wait_pushes(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._pushes() < count:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LabApplianceError(f"hpclb run exited:\n{self.log_text()}")
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"no table push within {timeout_s}s:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text()[-4000:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def reload(self, timeout_s: float = 15.0) -> None:
+        """Rewrite the configuration, SIGHUP `hpclb run`, wait for its push."""
+        assert self.proc is not None
+        before = self._pushes()
+        self._write_config()
+        self.proc.send_signal(signal.SIGHUP)
+        self._wait_pushes(before + 1, timeout_s)
+
+    def set_weight(self, name: str, weight: float) -> None:
+        self.weights[name] = weight
+        self.reload()
+
+    def set_state(self, name: str, state: str) -> None:
+        self.states[name] = state
+        self.reload()
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        # A data plane orphaned by a killed `hpclb run` (tests do that) must not
+        # outlive the lab: its pid file names it.
+        pidfile = self.workdir / "run" / f"{self.lab.prefix}-appliance.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> LabAppliance:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

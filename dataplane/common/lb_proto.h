@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * lb_proto.h - the table-protocol server (version 1, see PROTOCOL.md), shared by
+ * the XDP daemon and the DPDK forwarder.
+ *
+ * The server parses one msgpack request, validates the whole message against a
+ * shadow copy of the configured tables, and only then applies it through the
+ * data plane's ops. It never talks to a socket: the caller hands it a request
+ * buffer and gets a reply buffer back, so it can be tested and fuzzed alone.
+ */
+#ifndef HPCLB_LB_PROTO_H
+#define HPCLB_LB_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <msgpack.h>
+
+#include "lb_tables.h"
+
+/* How a data plane applies changes. Every call returns 0 or a negative errno.
+ * The server calls them only with validated arguments (ids in range, VIP known,
+ * ring_size slots) and updates its shadow only when they succeed; on failure it
+ * tries to restore the previous contents with the same calls. */
+struct lb_dataplane_ops {
+	int (*set_config)(void *ctx, const struct lb_config *cfg);
+	int (*set_vip)(void *ctx, const struct lb_vip_key *key, const struct lb_vip_entry *vip);
+	int (*del_vip)(void *ctx, const struct lb_vip_key *key);
+	/* Upsert n backend entries; state LB_BACKEND_UNUSED empties an entry. */
+	int (*set_backends)(void *ctx, const __u32 *ids, const struct lb_backend *b, size_t n);
+	/* Replace the whole ring of vip_id: exactly ring_size slots. */
+	int (*write_ring)(void *ctx, __u32 vip_id, const __u32 *slots);
+	/* Change n slots of the ring of vip_id, in order (a repeated slot: last wins). */
+	int (*patch_ring)(void *ctx, __u32 vip_id, const struct lb_ring_patch *p, size_t n);
+	/* Counters summed over CPUs: global[LB_STAT_MAX], vips[LB_MAX_VIPS],
+	 * backends[LB_MAX_BACKENDS]. */
+	int (*read_stats)(void *ctx, struct lb_counter *global, struct lb_counter *vips,
+			  struct lb_counter *backends);
+};
+
+/* Static facts reported by hello. */
+struct lb_proto_port {
+	char ifname[16];
+	__u32 ifindex;
+	__u8 mac[6];
+};
+
+struct lb_proto_info {
+	const char *dataplane;   /* "xdp" or "dpdk" */
+	const char *attach_mode; /* "native", "generic" or "none" */
+	__u32 nports;            /* 1..LB_MAX_PORTS; index 0 = the ingress port */
+	struct lb_proto_port ports[LB_MAX_PORTS];
+	const char *const *capabilities; /* NULL-terminated */
+};
+
+/* The configured tables. A VIP's ring exists while the VIP does. */
+struct lb_proto_vip {
+	bool used;
+	__u8 mode;
+	struct lb_vip_key key; /* pad = 0 */
+};
+
+struct lb_proto_state {
+	struct lb_config config;                     /* ring_size fixed at start */
+	struct lb_proto_vip vips[LB_MAX_VIPS];       /* indexed by vip_id */
+	struct lb_backend backends[LB_MAX_BACKENDS]; /* state UNUSED = empty */
+	__u32 *rings[LB_MAX_VIPS];                   /* ring_size slots, NULL if unused */
+};
+
+/* What one request did, for the caller's log line. Valid until the next call. */
+struct lb_proto_outcome {
+	const char *op;    /* op name, or "?" when the request had none */
+	bool ok;
+	bool changed;      /* tables were modified */
+	const char *error; /* "" when ok */
+};
+
+struct lb_proto_server;
+
+/* Empty tables (no VIP, every backend UNUSED, every ring slot LB_NO_BACKEND)
+ * with the given configuration; the caller has put the data plane in the same
+ * state. info is copied. Returns NULL on a bad argument or no memory. */
+struct lb_proto_server *lb_proto_server_new(const struct lb_dataplane_ops *ops, void *ctx,
+					    const struct lb_proto_info *info,
+					    const struct lb_config *cfg);
+void lb_proto_server_free(struct lb_proto_server *srv);
+
+/* Adopt tables read back from a data plane that outlived its daemon (pinned
+ * maps). st->config.ring_size must equal the server's. Everything is checked
+ * as a request would be; on error nothing changes and err says why. The rings
+ * are copied; st stays the caller's. */
+int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_state *st,
+			    char *err, size_t errlen);
+
+/* Replaces the facts hello reports (e.g. the attach mode, known only after
+ * the program is attached). nports must not shrink below a configured
+ * backend's port; returns -EINVAL (and changes nothing) if it would. */
+int lb_proto_server_set_info(struct lb_proto_server *srv, const struct lb_proto_info *info);
+
+/* Read-only view of the shadow tables. */
+const struct lb_proto_state *lb_proto_server_state(const struct lb_proto_server *srv);
+
+/* Handle one request of len bytes. The reply (always a valid msgpack map,
+ * also for garbage input) is appended to reply, which the caller has
+ * initialised. Returns 0 when the request succeeded, -1 when it was rejected
+ * or failed, -ENOMEM when not even an error reply could be built. */
+int lb_proto_handle(struct lb_proto_server *srv, const void *req, size_t len,
+		    msgpack_sbuffer *reply, struct lb_proto_outcome *out);
+
+/* Appends {"v":1,"ok":false,"error":msg} to reply: for requests the transport
+ * rejects before the server sees them (multi-part messages). 0 or -ENOMEM. */
+int lb_proto_error_reply(msgpack_sbuffer *reply, const char *msg);
+
+#endif /* HPCLB_LB_PROTO_H */

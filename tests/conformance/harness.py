@@ -1,0 +1,122 @@
+"""Lockstep runner: every frame goes to the model and to the data plane under
+test, and both must do the same thing to it, byte for byte."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.l2 import Ether
+
+from hpclb import maglev
+from hpclb.dataplane.bpf_testrun import BpfError
+from hpclb.dataplane.tables import (
+    IPPROTO_TCP,
+    IPPROTO_UDP,
+    Backend,
+    BackendState,
+    TableSet,
+    Vip,
+)
+from hpclb.model import Model, Verdict
+
+from .targets import Target
+
+HASH_KEY = bytes(range(16))
+RING_SIZE = 65537
+CLIENT_MAC = "02:aa:00:00:00:01"
+VIP_TCP = Vip(0, ipaddress.IPv4Address("198.18.1.10"), 80, IPPROTO_TCP)
+VIP_UDP = Vip(1, ipaddress.IPv4Address("198.18.1.10"), 53, IPPROTO_UDP)
+VIP_TWO_ARM = Vip(2, ipaddress.IPv4Address("198.18.1.11"), 80, IPPROTO_TCP)
+BACKEND_MACS = {0: "02:bb:00:00:00:10", 1: "02:bb:00:00:00:11", 2: "02:bb:00:00:00:12",
+                3: "02:bb:00:00:00:13"}
+
+
+def ring(weights: dict[int, float]) -> np.ndarray:
+    return maglev.build_table([(bid, f"b{bid}", w) for bid, w in weights.items()], RING_SIZE)
+
+
+def base_tables(weights: dict[int, float] | None = None,
+                states: dict[int, BackendState] | None = None) -> TableSet:
+    """Three one-arm backends behind a TCP and a UDP VIP; a fourth, two-arm,
+    backend (egress port 1) alone behind a second address."""
+    weights = weights or {0: 1.0, 1: 1.0, 2: 1.0}
+    states = states or {}
+    t = TableSet(hash_key=HASH_KEY, ring_size=RING_SIZE)
+    for bid, mac in BACKEND_MACS.items():
+        t.backends[bid] = Backend(
+            bid, ipaddress.IPv4Address(f"198.18.0.{10 + bid}"), mac,
+            states.get(bid, BackendState.UP), port=1 if bid == 3 else 0,
+        )
+    shared = ring(weights)
+    t.vips = {0: VIP_TCP, 1: VIP_UDP, 2: VIP_TWO_ARM}
+    t.rings = {0: shared, 1: shared, 2: ring({3: 1.0})}
+    return t
+
+
+def tcp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 80, **ip: object) -> bytes:
+    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst, **ip)
+                 / TCP(sport=sport, dport=dport, flags="S"))
+
+
+def udp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 53) -> bytes:
+    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst)
+                 / UDP(sport=sport, dport=dport) / b"query")
+
+
+@dataclass
+class Harness:
+    """One case's run: the model (oracle) and, unless None, a real data plane."""
+
+    target: Target | None
+    port_macs: list[str]
+    tables: TableSet | None = None
+    model: Model | None = None
+    reasons: Counter[str] = field(default_factory=Counter)
+    _start_counters: dict[str, int] = field(default_factory=dict)
+
+    def load(self, tables: TableSet) -> None:
+        if self.target is not None:
+            if not self._start_counters and self.tables is None:
+                self._start_counters = self.target.counters()
+            self.target.load(self.tables, tables)
+        if self.model is None:
+            self.model = Model(tables, self.port_macs)
+        self.model.tables = tables
+        self.tables = tables
+
+    def send(self, frame: bytes) -> Verdict:
+        assert self.model is not None, "load tables first"
+        verdict = self.model.process(frame)
+        self.reasons[verdict.reason] += 1
+        if self.target is None:
+            return verdict
+        if len(frame) < self.target.min_frame:
+            # Cannot even reach this data plane (the kernel refuses it first).
+            try:
+                self.target.run(frame)
+            except BpfError:
+                self.reasons[verdict.reason] -= 1
+                return verdict
+            raise AssertionError(f"{self.target.name} accepted a {len(frame)}-byte frame")
+        action, out = self.target.run(frame)
+        assert (action, out.hex()) == (verdict.action, verdict.frame.hex()), (
+            f"{self.target.name} disagrees with the model ({verdict.reason})"
+        )
+        return verdict
+
+    def backend_of(self, frame: bytes) -> int | None:
+        return self.send(frame).backend_id
+
+    def check_counters(self) -> None:
+        """The data plane counted every frame under the model's reason."""
+        if self.target is None:
+            return
+        end = self.target.counters()
+        for reason, n in self.reasons.items():
+            if reason.startswith(("fwd_", "pass_", "drop_")):
+                got = end.get(reason, 0) - self._start_counters.get(reason, 0)
+                assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"

@@ -1,0 +1,184 @@
+"""One set of packet cases, run against the model and every data plane.
+
+Each case drives the harness, which sends every frame to the model and to the
+data plane under test and fails on the first byte they disagree on. The
+asserts written here are the semantics themselves (DESIGN.md), checked on the
+model's verdicts, which the data plane just matched.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from scapy.layers.inet import IP, TCP, UDP, IPOption_NOP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+
+from hpclb.dataplane.tables import BackendState
+
+from .harness import BACKEND_MACS, CLIENT_MAC, Harness, base_tables, tcp, udp
+
+ETH = Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01")
+
+
+def test_tcp_to_vip_goes_to_a_backend(harness: Harness) -> None:
+    harness.load(base_tables())
+    v = harness.send(tcp("198.19.1.1", 40000))
+    assert v.action == "tx" and v.backend_id in (0, 1, 2)
+    assert v.frame[:6] == bytes.fromhex(BACKEND_MACS[v.backend_id].replace(":", ""))
+    assert v.frame[12:] == tcp("198.19.1.1", 40000)[12:], "DSR touches only the MACs"
+
+
+def test_udp_to_vip_goes_to_a_backend(harness: Harness) -> None:
+    harness.load(base_tables())
+    seen = {harness.send(udp("198.19.2.1", 1000 + i)).backend_id for i in range(60)}
+    assert seen == {0, 1, 2}
+
+
+def test_flows_spread_over_the_ring(harness: Harness) -> None:
+    harness.load(base_tables({0: 1.0, 1: 2.0, 2: 3.0}))
+    counts = {0: 0, 1: 0, 2: 0}
+    for i in range(600):
+        counts[harness.backend_of(tcp("198.19.3.1", 1024 + i))] += 1  # type: ignore[index]
+    assert counts[0] < counts[1] < counts[2]
+
+
+def test_non_vip_ipv4_passes(harness: Harness) -> None:
+    harness.load(base_tables())
+    assert harness.send(tcp("198.19.4.1", 4000, dst="198.18.0.3")).action == "pass"
+    icmp_to_vip = bytes(ETH / IP(src="198.19.4.1", dst="198.18.1.10", proto=1) / b"\x08\x00ping")
+    assert harness.send(icmp_to_vip).reason == "pass_not_vip"
+
+
+def test_vip_address_on_unconfigured_port_passes(harness: Harness) -> None:
+    harness.load(base_tables())
+    v = harness.send(tcp("198.19.5.1", 5000, dport=81))
+    assert (v.action, v.reason) == ("pass", "pass_not_vip")
+    v = harness.send(udp("198.19.5.1", 5000, dport=80))  # TCP port, UDP protocol
+    assert (v.action, v.reason) == ("pass", "pass_not_vip")
+
+
+def test_non_ip_passes(harness: Harness) -> None:
+    harness.load(base_tables())
+    arp = bytes(Ether(src=CLIENT_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="198.18.1.10"))
+    v6 = bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IPv6() / UDP(dport=53))
+    for frame in (arp, v6):
+        assert harness.send(frame).reason == "pass_not_ipv4"
+
+
+def test_truncated_headers_are_dropped(harness: Harness) -> None:
+    harness.load(base_tables())
+    full_tcp = tcp("198.19.6.1", 6000)
+    full_udp = udp("198.19.6.1", 6000)
+    cases = {
+        "ethernet": full_tcp[:13],
+        "ipv4": full_tcp[: 14 + 19],
+        "tcp": full_tcp[: 14 + 20 + 19],
+        "udp": full_udp[: 14 + 20 + 7],
+    }
+    for what, frame in cases.items():
+        v = harness.send(frame)
+        assert (v.action, v.reason) == ("drop", "drop_malformed"), what
+
+
+def test_bad_ihl_and_version_are_dropped(harness: Harness) -> None:
+    harness.load(base_tables())
+    frame = bytearray(tcp("198.19.7.1", 7000))
+    frame[14] = 0x44  # IHL 4 < 5
+    assert harness.send(bytes(frame)).reason == "drop_malformed"
+    frame[14] = 0x65  # version 6 inside an IPv4 ethertype
+    assert harness.send(bytes(frame)).reason == "drop_malformed"
+    frame = bytearray(tcp("198.19.7.1", 7001))
+    frame[14] = 0x4F  # IHL 15: options claim 40 bytes the frame does not have
+    assert harness.send(bytes(frame)).reason == "drop_malformed"
+
+
+def test_ip_options_are_skipped(harness: Harness) -> None:
+    """Defined behaviour: the L4 header is found through the IHL, so a packet
+    with options is balanced exactly like the same flow without them."""
+    harness.load(base_tables())
+    plain = harness.send(tcp("198.19.8.1", 8000))
+    with_options = bytes(ETH / IP(src="198.19.8.1", dst="198.18.1.10",
+                                  options=[IPOption_NOP()] * 8) / TCP(sport=8000, dport=80))
+    v = harness.send(with_options)
+    assert v.action == "tx" and v.backend_id == plain.backend_id
+
+
+def test_fragments_pass_to_the_kernel(harness: Harness) -> None:
+    """Defined behaviour: a non-first fragment has no ports, so fragments of a
+    VIP's traffic cannot be balanced consistently; the kernel gets them all."""
+    harness.load(base_tables())
+    first = bytes(ETH / IP(src="198.19.9.1", dst="198.18.1.10", flags="MF")
+                  / UDP(sport=9000, dport=53) / (b"x" * 64))
+    later = bytes(ETH / IP(src="198.19.9.1", dst="198.18.1.10", frag=8, proto=17) / (b"y" * 64))
+    for frame in (first, later):
+        v = harness.send(frame)
+        assert (v.action, v.reason) == ("pass", "pass_fragment")
+
+
+def test_down_backend_rehashes_its_flows_and_only_them(harness: Harness) -> None:
+    harness.load(base_tables())
+    flows = [tcp("198.19.10.1", 10000 + i) for i in range(90)]
+    before = [harness.backend_of(f) for f in flows]
+    victim = before[0]
+    assert victim is not None
+    harness.load(base_tables(states={victim: BackendState.DOWN}))  # ring unchanged
+    after = [harness.backend_of(f) for f in flows]
+    for b, a in zip(before, after, strict=True):
+        if b == victim:
+            assert a not in (victim, None), "a flow stayed on a down backend"
+        else:
+            assert a == b, "a flow on a healthy backend moved"
+
+
+def test_draining_backend_keeps_flows_and_takes_no_new_ones(harness: Harness) -> None:
+    harness.load(base_tables())
+    flows = [tcp("198.19.11.1", 11000 + i) for i in range(90)]
+    before = [harness.backend_of(f) for f in flows]
+    drained = before[0]
+    harness.load(base_tables(states={drained: BackendState.DRAINING}))
+    assert [harness.backend_of(f) for f in flows] == before
+    fresh = [harness.backend_of(tcp("198.19.11.2", 20000 + i)) for i in range(90)]
+    assert drained not in fresh and None not in fresh
+
+
+def test_affinity_holds_across_a_ring_change(harness: Harness) -> None:
+    harness.load(base_tables())
+    flows = [udp("198.19.12.1", 12000 + i) for i in range(120)]
+    before = [harness.backend_of(f) for f in flows]
+    harness.load(base_tables({0: 1.0, 1: 1.0, 2: 4.0}))  # a weight change: a ring patch
+    assert [harness.backend_of(f) for f in flows] == before
+    fresh = [harness.backend_of(udp("198.19.12.2", 30000 + i)) for i in range(200)]
+    assert fresh.count(2) > fresh.count(0) + fresh.count(1), "the new weights take new flows"
+
+
+def test_all_backends_down_drops(harness: Harness) -> None:
+    down = dict.fromkeys((0, 1, 2), BackendState.DOWN)
+    harness.load(base_tables(states=down))
+    v = harness.send(tcp("198.19.13.1", 13000))
+    assert (v.action, v.reason) == ("drop", "drop_no_backend")
+    harness.load(base_tables({0: 0.0, 1: 0.0, 2: 0.0}))  # every weight 0: empty ring
+    assert harness.send(udp("198.19.13.1", 13001)).reason == "drop_no_backend"
+
+
+def test_two_arm_backend_is_redirected_out_of_its_port(harness: Harness) -> None:
+    harness.load(base_tables())
+    v = harness.send(tcp("198.19.14.1", 14000, dst="198.18.1.11"))
+    assert (v.action, v.backend_id, v.port) == ("redirect", 3, 1)
+    assert v.frame[6:12] == bytes.fromhex(harness.port_macs[1].replace(":", ""))
+
+
+def test_random_frames_never_disagree(harness: Harness) -> None:
+    """Garbage after a valid or a broken header: both sides agree on all of it."""
+    import random
+
+    rng = random.Random(7)
+    harness.load(base_tables())
+    base = tcp("198.19.15.1", 15000)
+    for _ in range(300):
+        frame = bytearray(base[: rng.randint(14, len(base))])
+        for _ in range(rng.randint(1, 4)):
+            frame[rng.randrange(12, len(frame))] = rng.randrange(256)
+        if rng.random() < 0.5:
+            struct.pack_into("!H", frame, 12, 0x0800)
+        harness.send(bytes(frame))

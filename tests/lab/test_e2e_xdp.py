@@ -1,0 +1,128 @@
+"""Lab end-to-end: real packets through the XDP data plane in DSR mode.
+
+Client, appliance and three backends in network namespaces; `hpclb run` with
+the XDP program attached natively to the appliance's veth; real TCP
+connections and UDP flows from the client; backends answer with their names
+straight to the client (DSR).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclb.lab import DEFAULT_PASS_OBJ, Lab
+from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP)"
+)
+
+WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 2.0}
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with Lab(prefix=f"e{uuid.uuid4().hex[:6]}", backends=3,
+             peer_xdp_pass=DEFAULT_PASS_OBJ) as lab:
+        lab.start_backends(LAB_PORT, udp=True)
+        yield lab
+
+
+@pytest.fixture
+def appliance(lab: Lab, tmp_path: Path) -> Iterator[LabAppliance]:
+    with LabAppliance(lab, tmp_path, WEIGHTS) as appliance:
+        yield appliance
+
+
+def udp_flows(lab: Lab, sports: str) -> dict[str, str]:
+    import json
+    import sys
+
+    res = lab.exec("cli", [sys.executable, "-m", "hpclb.labnode", "udpflows", "--vip", LAB_VIP,
+                           "--port", str(LAB_PORT), "--sports", sports, "--json"])
+    report = json.loads(res.stdout)
+    assert report["errors"] == {}, report["errors"]
+    return dict(report["flows"])
+
+
+def test_attached_natively(appliance: LabAppliance) -> None:
+    hello = appliance.client.hello()
+    assert (hello["dataplane"], hello["attach_mode"]) == ("xdp", "native")
+
+
+def test_1000_connections_follow_the_weights(lab: Lab, appliance: LabAppliance) -> None:
+    report = lab.run_client(LAB_VIP, LAB_PORT, connections=1000, concurrency=50)
+    assert report["failures"] == 0, report["errors"]
+    total_w = sum(WEIGHTS.values())
+    for name, w in WEIGHTS.items():
+        share = report["counts"].get(name, 0) / report["ok"]
+        assert abs(share - w / total_w) <= 0.05, (name, share, report["counts"])
+    # The data plane saw them: every one was a new flow forwarded by XDP_TX.
+    counters = appliance.client.stats()["counters"]
+    assert counters["fwd_tx"] >= 1000 * 3  # SYN, ACK, request, FIN... at least 3 each
+    assert counters["flow_new"] >= 1000
+
+
+def test_long_lived_stream_survives_a_weight_change(lab: Lab, appliance: LabAppliance) -> None:
+    stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0)
+    time.sleep(1.5)
+    appliance.set_weight("b1", 6.0)
+    appliance.set_weight("b3", 0.5)
+    report = lab.wait_json(stream, timeout=30)
+    assert report["errors"] == []
+    assert len(report["names"]) >= 60, "the stream kept answering for its whole duration"
+    assert len(report["distinct"]) == 1, "every line was answered by the same backend"
+
+
+def test_backend_down_moves_its_flows_and_nothing_else(lab: Lab, appliance: LabAppliance) -> None:
+    before = udp_flows(lab, "20000-20299")
+    assert set(before.values()) == set(WEIGHTS)
+    appliance.set_state("b2", "down")
+    after = udp_flows(lab, "20000-20299")
+    moved = [p for p in before if before[p] != after[p]]
+    assert moved and all(before[p] == "b2" for p in moved), "only b2's flows moved"
+    assert "b2" not in after.values()
+    assert len(moved) == list(before.values()).count("b2")
+
+
+def test_draining_backend_keeps_flows_takes_no_new_ones(lab: Lab, appliance: LabAppliance) -> None:
+    before = udp_flows(lab, "21000-21199")
+    appliance.set_state("b3", "draining")
+    assert udp_flows(lab, "21000-21199") == before
+    fresh = udp_flows(lab, "22000-22199")
+    assert "b3" not in fresh.values()
+
+
+def test_control_plane_death_does_not_stop_forwarding(lab: Lab, appliance: LabAppliance) -> None:
+    """kill -9 of `hpclb run`: the data plane keeps forwarding with its tables."""
+    before = udp_flows(lab, "23000-23099")
+    assert appliance.proc is not None
+    appliance.proc.kill()
+    appliance.proc.wait()
+    assert udp_flows(lab, "23000-23099") == before
+    report = lab.run_client(LAB_VIP, LAB_PORT, connections=200)
+    assert report["failures"] == 0
+    # A new control plane adopts the running data plane and pushes nothing new.
+    appliance.start()
+    assert "adopted running data plane" in appliance.log_text()
+    assert udp_flows(lab, "23000-23099") == before
+
+
+def test_broken_reload_keeps_the_running_configuration(lab: Lab,
+                                                       appliance: LabAppliance) -> None:
+    before = udp_flows(lab, "24000-24099")
+    appliance.config_path.write_text("appliance: [this is not: valid\n")
+    assert appliance.proc is not None
+    appliance.proc.send_signal(1)  # SIGHUP
+    deadline = time.monotonic() + 10
+    while "reload refused" not in appliance.log_text():
+        assert time.monotonic() < deadline, appliance.log_text()
+        time.sleep(0.05)
+    assert appliance.proc.poll() is None
+    assert udp_flows(lab, "24000-24099") == before

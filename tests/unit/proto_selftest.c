@@ -1,0 +1,444 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * proto_selftest.c - lb_proto.c alone, against a fake data plane that keeps
+ * its own copy of the tables and can be told to fail. Built and run by
+ * tests/unit/test_protocol_server.py (with ASan/UBSan), no root needed.
+ *
+ * Checks: after every request the fake data plane holds exactly what the
+ * server's shadow says (so dump/get_ring never lie); a failing op is reported
+ * and rolled back; random and mutated messages always get a well-formed
+ * reply and never change anything they should not.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lb_proto.h"
+
+#define RS 251 /* a small prime ring keeps the fuzz fast */
+
+static struct {
+	struct lb_config cfg;
+	struct lb_vip_key keys[LB_MAX_VIPS];
+	int used[LB_MAX_VIPS];
+	struct lb_backend b[LB_MAX_BACKENDS];
+	__u32 ring[LB_MAX_VIPS][RS];
+	int fail_at;    /* >0: the n-th next call fails (half applied)... */
+	int fail_count; /* ...and so do this many - 1 after it */
+} dp;
+
+static int failures;
+static int n_ok, n_rejected; /* so the fuzz shows it reached both outcomes */
+
+#define CHECK(cond, ...)                                                  \
+	do {                                                              \
+		if (!(cond)) {                                            \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+			fprintf(stderr, __VA_ARGS__);                     \
+			fprintf(stderr, "\n");                            \
+			failures++;                                       \
+		}                                                         \
+	} while (0)
+
+static int should_fail(void)
+{
+	if (dp.fail_at > 1) {
+		dp.fail_at--;
+		return 0;
+	}
+	if (dp.fail_at == 1 && dp.fail_count > 0) {
+		if (--dp.fail_count == 0)
+			dp.fail_at = 0;
+		return 1;
+	}
+	return 0;
+}
+
+static void fail_calls(int at, int count)
+{
+	dp.fail_at = at;
+	dp.fail_count = count;
+}
+
+static int f_set_config(void *c, const struct lb_config *cfg)
+{
+	(void)c;
+	if (should_fail())
+		return -EIO;
+	dp.cfg = *cfg;
+	return 0;
+}
+
+static int find_key(const struct lb_vip_key *k)
+{
+	for (int i = 0; i < LB_MAX_VIPS; i++)
+		if (dp.used[i] && !memcmp(&dp.keys[i], k, sizeof(*k)))
+			return i;
+	return -1;
+}
+
+static int f_set_vip(void *c, const struct lb_vip_key *k, const struct lb_vip_entry *e)
+{
+	int cur = find_key(k);
+
+	(void)c;
+	if (should_fail())
+		return -EIO;
+	if (cur >= 0)
+		dp.used[cur] = 0;
+	dp.used[e->vip_id] = 1;
+	dp.keys[e->vip_id] = *k;
+	return 0;
+}
+
+static int f_del_vip(void *c, const struct lb_vip_key *k)
+{
+	int cur = find_key(k);
+
+	(void)c;
+	if (should_fail())
+		return -EIO;
+	if (cur >= 0)
+		dp.used[cur] = 0;
+	return 0;
+}
+
+static int f_set_backends(void *c, const __u32 *ids, const struct lb_backend *b, size_t n)
+{
+	int fail = should_fail();
+
+	(void)c;
+	for (size_t i = 0; i < (fail ? n / 2 : n); i++)
+		dp.b[ids[i]] = b[i];
+	return fail ? -EIO : 0;
+}
+
+static int f_write_ring(void *c, __u32 vip, const __u32 *slots)
+{
+	int fail = should_fail();
+
+	(void)c;
+	memcpy(dp.ring[vip], slots, (fail ? RS / 2 : RS) * sizeof(__u32));
+	return fail ? -EIO : 0;
+}
+
+static int f_patch_ring(void *c, __u32 vip, const struct lb_ring_patch *p, size_t n)
+{
+	int fail = should_fail();
+
+	(void)c;
+	for (size_t i = 0; i < (fail ? n / 2 : n); i++)
+		dp.ring[vip][p[i].slot] = p[i].backend;
+	return fail ? -EIO : 0;
+}
+
+static int f_read_stats(void *c, struct lb_counter *g, struct lb_counter *v, struct lb_counter *b)
+{
+	(void)c;
+	g[0].packets = 1;
+	v[0].packets = 2;
+	b[0].packets = 3;
+	return 0;
+}
+
+static const struct lb_dataplane_ops ops = {
+	f_set_config, f_set_vip, f_del_vip, f_set_backends, f_write_ring, f_patch_ring, f_read_stats,
+};
+
+/* The fake data plane and the server's shadow agree. */
+static void check_mirror(const struct lb_proto_server *srv, const char *when)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+
+	CHECK(!memcmp(&st->config, &dp.cfg, sizeof(dp.cfg)), "config differs after %s", when);
+	for (int i = 0; i < LB_MAX_VIPS; i++) {
+		CHECK(st->vips[i].used == (dp.used[i] != 0), "vip %d used differs after %s", i, when);
+		if (st->vips[i].used) {
+			CHECK(!memcmp(&st->vips[i].key, &dp.keys[i], sizeof(dp.keys[i])),
+			      "vip %d key differs after %s", i, when);
+			CHECK(!memcmp(st->rings[i], dp.ring[i], sizeof(dp.ring[i])),
+			      "ring %d differs after %s", i, when);
+		} else {
+			for (int s = 0; s < RS; s++)
+				CHECK(dp.ring[i][s] == LB_NO_BACKEND, "free ring %d slot %d set", i, s);
+		}
+	}
+	CHECK(!memcmp(st->backends, dp.b, sizeof(dp.b)), "backends differ after %s", when);
+}
+
+/* Sends one request; returns ok, and checks the reply is a well-formed map. */
+static int send_req(struct lb_proto_server *srv, const void *buf, size_t len, char *err,
+		    size_t errlen)
+{
+	msgpack_sbuffer reply;
+	msgpack_unpacked up;
+	size_t off = 0;
+	int ok = -1;
+
+	msgpack_sbuffer_init(&reply);
+	msgpack_unpacked_init(&up);
+	lb_proto_handle(srv, buf, len, &reply, NULL);
+	if (msgpack_unpack_next(&up, reply.data, reply.size, &off) == MSGPACK_UNPACK_SUCCESS &&
+	    off == reply.size && up.data.type == MSGPACK_OBJECT_MAP) {
+		const msgpack_object_map *m = &up.data.via.map;
+
+		for (uint32_t i = 0; i < m->size; i++) {
+			const msgpack_object *k = &m->ptr[i].key, *v = &m->ptr[i].val;
+
+			if (k->via.str.size == 2 && !memcmp(k->via.str.ptr, "ok", 2))
+				ok = v->type == MSGPACK_OBJECT_BOOLEAN ? v->via.boolean : -1;
+			if (err && k->via.str.size == 5 && !memcmp(k->via.str.ptr, "error", 5))
+				snprintf(err, errlen, "%.*s", (int)v->via.str.size, v->via.str.ptr);
+		}
+	}
+	CHECK(ok >= 0, "reply is not a well-formed map");
+	if (ok == 1)
+		n_ok++;
+	else
+		n_rejected++;
+	msgpack_unpacked_destroy(&up);
+	msgpack_sbuffer_destroy(&reply);
+	return ok == 1;
+}
+
+/* A small msgpack writer for building requests. */
+struct w {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+};
+
+static void w_init(struct w *w, const char *op, int nfields)
+{
+	msgpack_sbuffer_init(&w->sb);
+	msgpack_packer_init(&w->pk, &w->sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&w->pk, 2 + nfields);
+	msgpack_pack_str_with_body(&w->pk, "v", 1);
+	msgpack_pack_uint8(&w->pk, 1);
+	msgpack_pack_str_with_body(&w->pk, "op", 2);
+	msgpack_pack_str_with_body(&w->pk, op, strlen(op));
+}
+
+static void w_key(struct w *w, const char *k)
+{
+	msgpack_pack_str_with_body(&w->pk, k, strlen(k));
+}
+
+static void w_uint(struct w *w, const char *k, uint64_t v)
+{
+	w_key(w, k);
+	msgpack_pack_uint64(&w->pk, v);
+}
+
+static void w_bin(struct w *w, const char *k, const void *p, size_t n)
+{
+	w_key(w, k);
+	msgpack_pack_bin_with_body(&w->pk, p, n);
+}
+
+static int run(struct lb_proto_server *srv, struct w *w, char *err, size_t errlen)
+{
+	int ok = send_req(srv, w->sb.data, w->sb.size, err, errlen);
+
+	msgpack_sbuffer_destroy(&w->sb);
+	return ok;
+}
+
+static void req_vip(struct w *w, __u32 id, __u8 last, __u16 port)
+{
+	__u8 addr[4] = { 10, 0, 0, last };
+
+	w_init(w, "set_vip", 5);
+	w_uint(w, "vip_id", id);
+	w_bin(w, "addr", addr, 4);
+	w_uint(w, "port", port);
+	w_uint(w, "proto", 6);
+	w_uint(w, "mode", 0);
+}
+
+static void req_backends(struct w *w, __u32 first, __u32 n, __u8 state)
+{
+	__u8 addr[4] = { 10, 1, 0, 0 }, mac[6] = { 2, 0, 0, 0, 0, 0 };
+
+	w_init(w, "set_backends", 1);
+	w_key(w, "backends");
+	msgpack_pack_array(&w->pk, n);
+	for (__u32 i = 0; i < n; i++) {
+		addr[3] = (__u8)(first + i);
+		mac[5] = (__u8)(first + i);
+		msgpack_pack_map(&w->pk, 5);
+		w_uint(w, "id", first + i);
+		w_bin(w, "addr", addr, 4);
+		w_bin(w, "mac", mac, 6);
+		w_uint(w, "state", state);
+		w_uint(w, "port", 0);
+	}
+}
+
+static void req_ring(struct w *w, __u32 vip, __u32 seed)
+{
+	__u8 slots[RS * 4];
+
+	for (__u32 s = 0; s < RS; s++) {
+		__u32 v = (s * 7 + seed) % 17 == 0 ? LB_NO_BACKEND : (s + seed) % 16;
+
+		memcpy(slots + s * 4, &v, 4); /* little-endian host */
+	}
+	w_init(w, "set_ring", 2);
+	w_uint(w, "vip_id", vip);
+	w_bin(w, "slots", slots, sizeof(slots));
+}
+
+static void req_patch(struct w *w, __u32 vip, __u32 n, __u32 seed)
+{
+	__u32 p[2 * 64];
+
+	for (__u32 i = 0; i < n && i < 64; i++) {
+		p[2 * i] = (seed + i * 31) % RS;
+		p[2 * i + 1] = (seed + i) % 16;
+	}
+	w_init(w, "patch_ring", 2);
+	w_uint(w, "vip_id", vip);
+	w_bin(w, "patch", p, (size_t)n * 8);
+}
+
+static void test_failures(struct lb_proto_server *srv)
+{
+	__u8 addr[4] = { 10, 0, 0, 3 };
+	char err[512];
+	struct w w;
+
+	/* set_ring: the write fails half-way, the restore succeeds. */
+	req_ring(&w, 3, 99);
+	fail_calls(1, 1);
+	CHECK(!run(srv, &w, err, sizeof(err)), "set_ring should fail");
+	CHECK(strstr(err, "data plane failed to apply set_ring") &&
+	      strstr(err, "previous contents restored"), "error: %s", err);
+	check_mirror(srv, "failed set_ring");
+
+	/* patch_ring and set_backends likewise. */
+	req_patch(&w, 3, 10, 5);
+	fail_calls(1, 1);
+	CHECK(!run(srv, &w, err, sizeof(err)), "patch_ring should fail");
+	check_mirror(srv, "failed patch_ring");
+	req_backends(&w, 0, 8, 2);
+	fail_calls(1, 1);
+	CHECK(!run(srv, &w, err, sizeof(err)), "set_backends should fail");
+	check_mirror(srv, "failed set_backends");
+
+	/* del_vip: the ring reset works, the VIP removal fails; both undone. */
+	w_init(&w, "del_vip", 3);
+	w_bin(&w, "addr", addr, 4);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	fail_calls(2, 1);
+	CHECK(!run(srv, &w, err, sizeof(err)), "del_vip should fail");
+	CHECK(strstr(err, "data plane failed to apply del_vip"), "error: %s", err);
+	check_mirror(srv, "failed del_vip");
+
+	/* The restore fails too: reported as such; a full set_ring resyncs. */
+	req_ring(&w, 3, 98);
+	fail_calls(1, 2);
+	CHECK(!run(srv, &w, err, sizeof(err)), "set_ring should fail");
+	CHECK(strstr(err, "failed too"), "error: %s", err);
+	req_ring(&w, 3, 97);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_ring: %s", err);
+	check_mirror(srv, "resync");
+}
+
+int main(void)
+{
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1 };
+	struct lb_config cfg = { .ring_size = RS };
+	struct lb_proto_server *srv;
+	char err[512];
+	struct w w;
+	unsigned seed = 12345;
+
+	for (int i = 0; i < LB_MAX_BACKENDS; i++)
+		dp.b[i].state = LB_BACKEND_UNUSED;
+	for (int i = 0; i < LB_MAX_VIPS; i++)
+		for (int s = 0; s < RS; s++)
+			dp.ring[i][s] = LB_NO_BACKEND;
+	dp.cfg = cfg;
+	srv = lb_proto_server_new(&ops, NULL, &info, &cfg);
+	if (!srv)
+		return 2;
+
+	/* A base configuration. */
+	req_vip(&w, 3, 3, 80);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip: %s", err);
+	req_vip(&w, 5, 5, 53);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip: %s", err);
+	req_backends(&w, 0, 16, 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_backends: %s", err);
+	req_ring(&w, 3, 1);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_ring: %s", err);
+	req_patch(&w, 3, 64, 7);
+	CHECK(run(srv, &w, err, sizeof(err)), "patch_ring: %s", err);
+	check_mirror(srv, "base configuration");
+
+	test_failures(srv);
+
+	/* Fuzz: random requests built from valid pieces, some mangled, plus
+	 * plain random bytes. After each, the mirror must still agree. */
+	for (int it = 0; it < 20000; it++) {
+		int kind = rand_r(&seed) % 8;
+
+		switch (kind) {
+		case 0: req_vip(&w, rand_r(&seed) % 70, rand_r(&seed) % 8, rand_r(&seed) % 3 + 79); break;
+		case 1: req_backends(&w, rand_r(&seed) % 20, rand_r(&seed) % 6, rand_r(&seed) % 5); break;
+		case 2: req_ring(&w, rand_r(&seed) % 8, rand_r(&seed)); break;
+		case 3: req_patch(&w, rand_r(&seed) % 8, rand_r(&seed) % 5, rand_r(&seed)); break;
+		case 4: {
+			__u8 addr[4] = { 10, 0, 0, (__u8)(rand_r(&seed) % 8) };
+
+			w_init(&w, "del_vip", 3);
+			w_bin(&w, "addr", addr, 4);
+			w_uint(&w, "port", rand_r(&seed) % 3 + 79);
+			w_uint(&w, "proto", 6);
+			break;
+		}
+		case 5:
+			w_init(&w, "set_backend_state", 2);
+			w_uint(&w, "id", rand_r(&seed) % 24);
+			w_uint(&w, "state", rand_r(&seed) % 5);
+			break;
+		case 6:
+			w_init(&w, rand_r(&seed) % 2 ? "dump" : "stats", 0);
+			break;
+		default: {
+			__u8 raw[64];
+			size_t n = (size_t)(rand_r(&seed) % sizeof(raw)) + 1;
+
+			for (size_t i = 0; i < n; i++)
+				raw[i] = (__u8)rand_r(&seed);
+			send_req(srv, raw, n, NULL, 0);
+			check_mirror(srv, "random bytes");
+			continue;
+		}
+		}
+		/* Mangle a third of them: flip bytes or cut them short. */
+		if (rand_r(&seed) % 3 == 0 && w.sb.size > 0) {
+			if (rand_r(&seed) % 2)
+				w.sb.size = (size_t)rand_r(&seed) % w.sb.size;
+			else
+				w.sb.data[rand_r(&seed) % w.sb.size] = (char)rand_r(&seed);
+		}
+		run(srv, &w, NULL, 0);
+		check_mirror(srv, "fuzz request");
+		if (failures > 10)
+			break;
+	}
+	lb_proto_server_free(srv);
+	if (failures) {
+		fprintf(stderr, "%d failures\n", failures);
+		return 1;
+	}
+	CHECK(n_ok > 1000 && n_rejected > 1000, "fuzz too narrow: %d ok, %d rejected", n_ok,
+	      n_rejected);
+	if (failures)
+		return 1;
+	printf("proto_selftest: ok (%d requests applied, %d rejected)\n", n_ok, n_rejected);
+	return 0;
+}

@@ -1,0 +1,307 @@
+"""Configuration models and loader: examples load, every error names file, line and field."""
+
+from __future__ import annotations
+
+import re
+from ipaddress import IPv4Address
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpclb.config import (
+    LB_MAX_VIPS,
+    BackendState,
+    ConfigError,
+    HpclbConfig,
+    VipProtocol,
+    load_config,
+    parse_config,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
+
+BASE = """\
+appliance:
+  name: gw1
+  dataplane: auto
+  interfaces:
+    ingress: eth0
+    egress: [eth1]
+  hash_key: 000102030405060708090a0b0c0d0e0f
+  ring_size: 65537
+pools:
+  web:
+    weights: static
+    backends:
+      - name: b1
+        address: 198.18.0.11
+        weight: 1
+        via: eth1
+      - name: b2
+        address: 198.18.0.12
+vips:
+  - name: svc
+    address: 198.18.1.10
+    port: 8080
+    protocol: tcp
+    mode: dsr
+    pool: web
+"""
+LINES = BASE.splitlines()
+
+
+def edit(line: int, new: str | None) -> str:
+    """BASE with 1-based `line` replaced by `new` (removed when None)."""
+    lines = list(LINES)
+    if new is None:
+        del lines[line - 1]
+    else:
+        lines[line - 1] = new
+    return "\n".join(lines) + "\n"
+
+
+def error(text: str, source: str = "t.yaml") -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source)
+    return str(info.value)
+
+
+def test_base_is_valid() -> None:
+    cfg = parse_config(BASE, "t.yaml")
+    assert cfg.appliance.hash_key_bytes == bytes(range(16))
+    assert cfg.appliance.xdp.flow_table_size == 1048576
+    assert cfg.appliance.control_socket == "ipc:///run/hpclb/dataplane.sock"
+    b1, b2 = cfg.pools["web"].backends
+    assert b1.address == IPv4Address("198.18.0.11") and b1.via == "eth1"
+    assert b2.weight == 1.0 and b2.mac is None and b2.state is BackendState.UP
+    assert cfg.vips[0].protocol is VipProtocol.TCP and cfg.vips[0].protocol.number == 6
+
+
+@pytest.mark.parametrize("name", ["lab.yaml", "gateway.yaml"])
+def test_examples_load(name: str) -> None:
+    cfg = load_config(EXAMPLES / name)
+    assert cfg.vips and cfg.pools
+    assert all(v.pool in cfg.pools for v in cfg.vips)
+    assert len(cfg.appliance.hash_key_bytes) == 16
+
+
+def test_example_round_trips_through_model_dump() -> None:
+    cfg = load_config(EXAMPLES / "gateway.yaml")
+    again = HpclbConfig.model_validate(cfg.model_dump(mode="json"))
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    ("line", "new", "where", "path", "words"),
+    [
+        # syntax error
+        (2, "  name: gw1: x", "t.yaml:2:12:", "", "mapping values are not allowed"),
+        # unknown key (with a suggestion)
+        (8, "  ring_sise: 65537", "t.yaml:8:", "appliance.ring_sise", "did you mean 'ring_size'"),
+        (19, "vip:", "t.yaml:19:", "vip", "unknown key"),
+        # wrong type
+        (22, "    port: http", "t.yaml:22:11:", "vips[0].port", "valid integer"),
+        (15, "        weight: yes", "t.yaml:15:", "pools.web.backends[0].weight", "valid number"),
+        (22, "    port: 70000", "t.yaml:22:", "vips[0].port", "less than or equal to 65535"),
+        # bad IP
+        (14, "        address: 198.18.0.300", "t.yaml:14:18:", "backends[0].address", "IPv4"),
+        (21, "    address: fe80::1", "t.yaml:21:", "vips[0].address", "IPv4"),
+        # bad hash key
+        (7, "  hash_key: 00aa", "t.yaml:7:", "appliance.hash_key", "32 hex digits"),
+        (7, "  hash_key: 000102030405060708090a0b0c0d0e0g", "t.yaml:7:", "hash_key", "hex"),
+        (7, "  hash_key: 12345678901234567890123456789012", "t.yaml:7:", "hash_key", "quote it"),
+        (7, "  hash_key: 0011", "t.yaml:7:", "hash_key", "quote it"),  # YAML 1.1 octal
+        # ring size
+        (8, "  ring_size: 65536", "t.yaml:8:", "appliance.ring_size", "prime"),
+        (8, "  ring_size: 2000003", "t.yaml:8:", "appliance.ring_size", "between 3 and 1048573"),
+        # unknown pool
+        (25, "    pool: api", "t.yaml:25:", "vips[0].pool", "unknown pool 'api'"),
+        # duplicate backend name
+        (17, "      - name: b1", "t.yaml:17:", "pools.web.backends[1].name", "already defined"),
+        # bad via
+        (16, "        via: eth9", "t.yaml:16:", "backends[0].via", "not an egress interface"),
+        # negative weight
+        (15, "        weight: -0.5", "t.yaml:15:", "backends[0].weight", "greater than or equal"),
+        (15, "        weight: .inf", "t.yaml:15:", "backends[0].weight", "finite"),
+        # modes and enums
+        (24, "    mode: nat", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
+        (24, "    mode: tunnel", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
+        (23, "    protocol: sctp", "t.yaml:23:", "vips[0].protocol", "'tcp' or 'udp'"),
+        (11, "    weights: dynamic", "t.yaml:11:", "pools.web.weights", "'static'"),
+        (3, "  dataplane: vpp", "t.yaml:3:", "appliance.dataplane", "'auto', 'xdp' or 'dpdk'"),
+        # interfaces
+        (6, "    egress: [eth1, eth0]", "t.yaml:6:", "egress[1]", "is the ingress interface"),
+        (6, "    egress: [eth1, eth1]", "t.yaml:6:", "egress[1]", "listed twice"),
+        # missing field: reported on the line of the mapping that lacks it
+        (5, None, "t.yaml:4:", "appliance.interfaces.ingress", "Field required"),
+        # duplicate YAML key
+        (3, "  name: gw2", "t.yaml:3:3:", "appliance.name", "duplicate key"),
+        # names
+        (13, "      - name: 'b 1'", "t.yaml:13:", "backends[0].name", "pattern"),
+    ],
+)
+def test_error_names_line_and_field(
+    line: int, new: str | None, where: str, path: str, words: str
+) -> None:
+    message = error(edit(line, new))
+    first = message.splitlines()[0]
+    assert first.startswith(where), message
+    assert path in first and words in first, message
+
+
+def test_duplicate_vip_and_vip_name() -> None:
+    text = BASE + "  - {name: svc, address: 198.18.1.10, port: 8080, pool: web}\n"
+    message = error(text)
+    assert "t.yaml:26:" in message
+    assert "vips[1]: 198.18.1.10:8080/tcp already used by vips[0]" in message
+    assert "vips[1].name: VIP name 'svc' already used by vips[0]" in message
+    # same address and port over another protocol is a different VIP
+    parse_config(
+        BASE + "  - {name: dns, address: 198.18.1.10, port: 8080, protocol: udp, pool: web}\n"
+    )
+
+
+def test_duplicate_backend_across_pools() -> None:
+    text = edit(19, "  db:\n    backends:\n      - {name: b2, address: 198.18.0.13}\nvips:")
+    message = error(text)
+    assert message.startswith("t.yaml:21:"), message
+    assert (
+        "pools.db.backends[0].name: backend 'b2' already defined at pools.web.backends[1]"
+        in message
+    )
+
+
+def test_mac_normalised_and_checked() -> None:
+    cfg = parse_config(edit(18, "        address: 198.18.0.12\n        mac: AA-BB-CC-DD-EE-02"))
+    assert cfg.pools["web"].backends[1].mac == "aa:bb:cc:dd:ee:02"
+    cfg = parse_config(edit(18, "        address: 198.18.0.12\n        mac: aabbccddee02"))
+    assert cfg.pools["web"].backends[1].mac == "aa:bb:cc:dd:ee:02"
+    # YAML 1.1 reads 10:20:30:40:50:59 as a base-60 integer
+    message = error(edit(18, "        address: 198.18.0.12\n        mac: 10:20:30:40:50:59"))
+    assert message.startswith("t.yaml:19:") and "quote it" in message, message
+    message = error(edit(18, "        address: 198.18.0.12\n        mac: 'ff:ff:ff:ff:ff:ff'"))
+    assert message.startswith("t.yaml:19:") and "unicast" in message, message
+    message = error(edit(18, "        address: 198.18.0.12\n        mac: 'aa:bb:cc'"))
+    assert "pools.web.backends[1].mac: not a MAC address" in message, message
+
+
+def test_every_error_reported_one_per_line_in_order() -> None:
+    text = edit(22, "    port: 0")
+    text = text.replace("weight: 1", "weight: -1").replace("ring_size: 65537", "ring_size: 9")
+    lines = error(text).splitlines()
+    assert [int(m.split(":")[1]) for m in lines] == [8, 15, 22], lines
+
+
+def test_too_many_vips() -> None:
+    extra = "".join(
+        f"  - {{name: v{i}, address: 198.18.1.10, port: {1000 + i}, pool: web}}\n"
+        for i in range(LB_MAX_VIPS)
+    )
+    message = error(BASE + extra)
+    assert message.startswith("t.yaml:19:1: vips: List should have at most 64 items"), message
+    parse_config(BASE + extra.split("\n", 1)[1])  # exactly 64 is fine
+
+
+@pytest.mark.parametrize(
+    ("text", "start"),
+    [
+        ("", "t.yaml:1: configuration is empty"),
+        ("- 1\n- 2\n", "t.yaml:1:1: (top level): Input should be a valid dictionary"),
+        ("a: 1\n---\nb: 2\n", "t.yaml:2:1: expected a single document"),
+        ("a: [1,\n", "t.yaml:2:1:"),
+        ("appliance: !!int abc\n", "t.yaml:1:12: cannot read 'abc'"),
+        ("a: \x01\n", "t.yaml:1: unacceptable character #x0001"),
+        ("? [a]\n: 1\n", "t.yaml:1:3: while constructing a mapping; found unhashable key"),
+        ("[" * 5000, "t.yaml: nesting too deep"),
+    ],
+)
+def test_yaml_level_errors(text: str, start: str) -> None:
+    message = error(text)
+    assert message.startswith(start), message
+
+
+def test_aliases_and_merge_keys() -> None:
+    text = BASE.replace("      - name: b2\n", "      - &b2\n        name: b2\n")
+    text += "  - {name: svc2, address: 198.18.1.11, port: 8080, pool: web}\n"
+    assert parse_config(text).vips[1].address == IPv4Address("198.18.1.11")
+    merged = BASE.replace(
+        "      - name: b1\n", "      - <<: {weight: 3, name: x}\n        name: b1\n"
+    )
+    assert parse_config(merged).pools["web"].backends[0].weight == 1.0  # own key wins
+    message = error(BASE + "x: &x [*x]\n")  # a recursive alias neither hangs nor crashes
+    assert "t.yaml:26:1: x: unknown key" in message, message
+
+
+def test_load_config_file_errors(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=re.escape(f"{missing}: cannot read")):
+        load_config(missing)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}: cannot read")):
+        load_config(tmp_path)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match=re.escape(f"{binary}: cannot read")):
+        load_config(binary)
+    bad = tmp_path / "lab.yaml"
+    bad.write_text(edit(22, "    port: 65536"))
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert str(info.value) == (
+        f"{bad}:22:11: vips[0].port: Input should be less than or equal to 65535 (got 65536)"
+    )
+    assert info.value.issues[0].line == 22 and info.value.issues[0].path == "vips[0].port"
+
+
+def test_plain_message_error() -> None:
+    assert str(ConfigError("no such pool")) == "no such pool"
+
+
+def _check(text: str) -> None:
+    try:
+        parse_config(text, "f.yaml")
+    except ConfigError as exc:
+        assert exc.issues
+        nlines = text.count("\n") + 1
+        for issue in exc.issues:
+            assert str(issue).startswith("f.yaml")
+            assert issue.line is None or 1 <= issue.line <= nlines + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_fuzz_random_text(text: str) -> None:
+    _check(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fuzz_mutated_config(data: st.DataObject) -> None:
+    text = BASE
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        j = data.draw(st.integers(i, min(len(text), i + 8)))
+        text = (
+            text[:i]
+            + data.draw(st.text("-:{}[]&*!|>'\"# \n0123456789abx.,?%@`", max_size=6))
+            + text[j:]
+        )
+    _check(text)
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+_trees = st.recursive(
+    _scalars,
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["appliance", "pools", "vips", "x"]), _trees))
+def test_fuzz_structured(tree: dict[str, object]) -> None:
+    _check(yaml.safe_dump(tree))
