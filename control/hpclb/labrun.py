@@ -81,6 +81,7 @@ class LabAppliance:
 
     def start(self, timeout_s: float = 30.0) -> None:
         self._write_config()
+        before = self._pushes()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpclb.cli", "run", "-c", str(self.config_path),
@@ -88,7 +89,7 @@ class LabAppliance:
                  "--run-dir", str(self.workdir / "run")],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             )
-        self._wait_pushes(1, timeout_s)
+        self._wait_pushes(before + 1, timeout_s)
 
     def _pushes(self) -> int:
         try:

@@ -103,7 +103,7 @@ struct lb_flow_key {
 struct lb_flow_entry {
 	__u32 backend; /* backend id the flow is pinned to */
 	__u32 vip_id;
-	__u64 last_seen_ns;
+	__u64 last_seen_ns; /* never 0 for a pinned flow: 0 = this CPU's empty slot */
 };
 
 /* ---- egress ports ------------------------------------------------------ */

@@ -217,6 +217,11 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 
 	pinned = bpf_map_lookup_elem(&flow_map, &flow);
+	/* flow_map is per-CPU: a flow pinned on another CPU exists here too, with
+	 * this CPU's value zeroed. A zero timestamp marks that "not pinned here"
+	 * value; reading it as backend 0 would split the flow across backends. */
+	if (pinned && pinned->last_seen_ns == 0)
+		pinned = NULL;
 	if (pinned) {
 		backend_id = pinned->backend;
 		backend = bpf_map_lookup_elem(&backend_map, &backend_id);

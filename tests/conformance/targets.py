@@ -95,6 +95,10 @@ class XdpTarget:
                     raise
                 time.sleep(0.1)
 
+    def set_cpu(self, cpu: int) -> None:
+        """Run the next frames on ``cpu`` (as RSS would steer another queue)."""
+        os.sched_setaffinity(0, {cpu})
+
     def load(self, current: TableSet | None, desired: TableSet) -> None:
         push_tables(self.client, current, desired)
 

@@ -8,8 +8,10 @@ model's verdicts, which the data plane just matched.
 
 from __future__ import annotations
 
+import os
 import struct
 
+import pytest
 from scapy.layers.inet import IP, TCP, UDP, IPOption_NOP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
@@ -150,6 +152,30 @@ def test_affinity_holds_across_a_ring_change(harness: Harness) -> None:
     assert [harness.backend_of(f) for f in flows] == before
     fresh = [harness.backend_of(udp("198.19.12.2", 30000 + i)) for i in range(200)]
     assert fresh.count(2) > fresh.count(0) + fresh.count(1), "the new weights take new flows"
+
+
+def test_a_flow_seen_on_another_cpu_keeps_its_backend(harness: Harness) -> None:
+    """The flow table is per CPU: on a CPU that never saw the flow, the flow
+    must hash to the same backend, never read another CPU's empty entry as a
+    pin (that split TCP connections across backends in the lab)."""
+    cpus = sorted(os.sched_getaffinity(0) | _allowed_cpus())
+    set_cpu = getattr(harness.target, "set_cpu", None)
+    if set_cpu is None or len(cpus) < 2:
+        pytest.skip("needs a real data plane on a machine with two CPUs")
+    harness.load(base_tables())
+    flows = [tcp("198.19.16.1", 16000 + i) for i in range(60)]
+    set_cpu(cpus[0])
+    first = [harness.backend_of(f) for f in flows]
+    try:
+        set_cpu(cpus[1])
+        assert [harness.backend_of(f) for f in flows] == first
+    finally:
+        set_cpu(cpus[0])
+    assert set(first) == {0, 1, 2}
+
+
+def _allowed_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1))
 
 
 def test_all_backends_down_drops(harness: Harness) -> None:
