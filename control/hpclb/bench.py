@@ -59,7 +59,7 @@ def _trial(lab: Lab, cfg: Path, seconds: float) -> dict[str, float]:
     start_out = _xdp_counters(lab, "br", peer)
     t0 = time.monotonic()
     lab.exec("cli", ["timeout", "-s", "INT", str(seconds), "trafgen", "--dev", "eth0",
-                     "--conf", str(cfg), "--cpus", "1", "--no-sock-mem", "--silent"],
+                     "--conf", str(cfg), "--cpus", "1", "--no-sock-mem"],
              check=False, timeout=seconds + 30)
     elapsed = time.monotonic() - t0
     end_in = _xdp_counters(lab, "lb", "eth0")
@@ -91,7 +91,8 @@ def run_bench(out: Path, seconds: float = 5.0, trials: int = 3) -> int:
             lab.detach_xdp("lb", "eth0")
             appliance_dir = workdir / f"appliance{n}"
             appliance_dir.mkdir()
-            with LabAppliance(lab, appliance_dir, {"b1": 1.0, "b2": 1.0, "b3": 1.0}):
+            with LabAppliance(lab, appliance_dir, {"b1": 1.0, "b2": 1.0, "b3": 1.0},
+                              static_macs=True):
                 results["hpclb"].append(_trial(lab, cfg, seconds))
             print(f"trial {n + 1}/{trials}: reflect "
                   f"{results['reflect'][-1]['forwarded_pps']:,.0f} pps, hpclb "

@@ -35,12 +35,15 @@ class LabAppliance:
     """`hpclb run` for a lab, with helpers to change weights and states."""
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
-                 xdp_mode: str = "native") -> None:
+                 xdp_mode: str = "native", static_macs: bool = False) -> None:
         self.lab = lab
         self.workdir = workdir
         self.weights = dict(weights)
         self.states: dict[str, str] = dict.fromkeys(weights, "up")
         self.xdp_mode = xdp_mode
+        # The benchmark sinks everything the appliance sends, ARP included, so
+        # it writes the backends' MACs into the configuration instead.
+        self.static_macs = static_macs
         self.config_path = workdir / "hpclb.yaml"
         self.socket = f"ipc://{workdir}/dataplane.sock"
         self.log_path = workdir / "hpclb-run.log"
@@ -53,6 +56,7 @@ class LabAppliance:
         backends = [
             {"name": name, "address": self.lab.ip_of(name), "weight": w,
              "state": self.states[name]}
+            | ({"mac": self.lab.mac(name)} if self.static_macs else {})
             for name, w in self.weights.items()
         ]
         return {
@@ -63,7 +67,7 @@ class LabAppliance:
                 "netns": self.lab.lb_ns,
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
-                "xdp": {"mode": self.xdp_mode, "flow_table_size": 65536},
+                "xdp": {"mode": self.xdp_mode},
             },
             "pools": {"lab": {"weights": "static", "backends": backends}},
             "vips": [

@@ -103,7 +103,8 @@ struct lb_flow_key {
 struct lb_flow_entry {
 	__u32 backend; /* backend id the flow is pinned to */
 	__u32 vip_id;
-	__u64 last_seen_ns; /* never 0 for a pinned flow: 0 = this CPU's empty slot */
+	__u64 pinned_ns; /* when this CPU pinned the flow; never 0 (0 = this CPU never saw it).
+	                  * Recency is the LRU's business: a hit writes nothing. */
 };
 
 /* ---- egress ports ------------------------------------------------------ */

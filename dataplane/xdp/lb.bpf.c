@@ -218,9 +218,9 @@ int lb_xdp(struct xdp_md *ctx)
 
 	pinned = bpf_map_lookup_elem(&flow_map, &flow);
 	/* flow_map is per-CPU: a flow pinned on another CPU exists here too, with
-	 * this CPU's value zeroed. A zero timestamp marks that "not pinned here"
+	 * this CPU's value zeroed. A zero pinned_ns marks that "not pinned here"
 	 * value; reading it as backend 0 would split the flow across backends. */
-	if (pinned && pinned->last_seen_ns == 0)
+	if (pinned && pinned->pinned_ns == 0)
 		pinned = NULL;
 	if (pinned) {
 		backend_id = pinned->backend;
@@ -241,10 +241,8 @@ int lb_xdp(struct xdp_md *ctx)
 			stat(LB_STAT_FLOW_NEW, len, 0);
 		fresh.backend = backend_id;
 		fresh.vip_id = vip->vip_id;
-		fresh.last_seen_ns = bpf_ktime_get_ns();
+		fresh.pinned_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&flow_map, &flow, &fresh, BPF_ANY);
-	} else if (pinned) {
-		pinned->last_seen_ns = bpf_ktime_get_ns();
 	}
 
 	port_idx = backend->port;

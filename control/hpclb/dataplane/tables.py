@@ -68,7 +68,7 @@ FLOW_KEY_DTYPE = np.dtype(
     [("saddr", "4u1"), ("daddr", "4u1"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1"),
      ("pad", "3u1")]
 )
-FLOW_ENTRY_DTYPE = np.dtype([("backend", "<u4"), ("vip_id", "<u4"), ("last_seen_ns", "<u8")])
+FLOW_ENTRY_DTYPE = np.dtype([("backend", "<u4"), ("vip_id", "<u4"), ("pinned_ns", "<u8")])
 PORT_DTYPE = np.dtype([("ifindex", "<u4"), ("mac", "6u1"), ("pad", "<u2")])
 COUNTER_DTYPE = np.dtype([("packets", "<u8"), ("bytes", "<u8")])
 CONFIG_DTYPE = np.dtype([("hash_key", "16u1"), ("ring_size", "<u4"), ("flags", "<u4")])
