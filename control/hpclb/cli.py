@@ -56,7 +56,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from hpclb.bench import run_bench
 
-    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials)
+    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials, flows=args.flows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench.json"))
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--flows", type=int, default=50000, help="distinct UDP source ports, 1..64000")
     p.set_defaults(func=_cmd_bench)
     return parser
 

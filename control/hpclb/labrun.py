@@ -48,6 +48,7 @@ class LabAppliance:
         self.socket = f"ipc://{workdir}/dataplane.sock"
         self.log_path = workdir / "hpclb-run.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.name = f"{lab.prefix}-appliance"
         self.client = DataplaneClient(self.socket, timeout_s=5.0)
 
     # --- configuration ------------------------------------------------------
@@ -61,7 +62,7 @@ class LabAppliance:
         ]
         return {
             "appliance": {
-                "name": f"{self.lab.prefix}-appliance",
+                "name": self.name,
                 "dataplane": "xdp",
                 "interfaces": {"ingress": "eth0"},
                 "netns": self.lab.lb_ns,
@@ -144,7 +145,7 @@ class LabAppliance:
         self.proc = None
         # A data plane orphaned by a killed `hpclb run` (tests do that) must not
         # outlive the lab: its pid file names it.
-        pidfile = self.workdir / "run" / f"{self.lab.prefix}-appliance.pid"
+        pidfile = self.workdir / "run" / f"{self.name}.pid"
         try:
             pid = int(pidfile.read_text().strip())
         except (OSError, ValueError):

@@ -76,6 +76,11 @@ class PinnedXdpProgram:
 
     def run(self, frame: bytes) -> tuple[str, bytes]:
         """Run the program once on ``frame``; return (action, frame as it left)."""
+        action, out, _ = self.run_repeated(frame, 1)
+        return action, out
+
+    def run_repeated(self, frame: bytes, repeat: int) -> tuple[str, bytes, int]:
+        """Run ``repeat`` times in the kernel; also return the mean ns per run."""
         data_in = ctypes.create_string_buffer(frame, len(frame))
         out_len = len(frame) + 256
         data_out = ctypes.create_string_buffer(out_len)
@@ -85,11 +90,11 @@ class PinnedXdpProgram:
             data_size_out=out_len,
             data_in=ctypes.addressof(data_in),
             data_out=ctypes.addressof(data_out),
-            repeat=1,
+            repeat=repeat,
         )
         self._bpf(BPF_PROG_TEST_RUN, attr)
         action = XDP_ACTIONS.get(attr.retval, f"unknown({attr.retval})")
-        return action, data_out.raw[: attr.data_size_out]
+        return action, data_out.raw[: attr.data_size_out], int(attr.duration)
 
     def close(self) -> None:
         if self.fd >= 0:
