@@ -42,6 +42,9 @@ from hpclb.state import Checkpoint
 
 log = logging.getLogger("hpclb.controller")
 
+# Maglev (NSDI 2016) advises a table at least 100 times the backend count.
+SLOTS_PER_BACKEND_ADVISED = 100
+
 _STATE = {
     AdminState.UP: BackendState.UP,
     AdminState.DRAINING: BackendState.DRAINING,
@@ -141,6 +144,13 @@ class Controller:
                     state=_STATE[b.state],
                     port=egress_port[b.via] if b.via else 0,
                 )
+        for name, pool in config.pools.items():
+            if app.ring_size < SLOTS_PER_BACKEND_ADVISED * len(pool.backends):
+                log.warning(
+                    "pool %s: %d backends on a %d-slot ring: below %d slots per backend, "
+                    "Maglev moves more flows than needed when a backend leaves; raise "
+                    "appliance.ring_size", name, len(pool.backends), app.ring_size,
+                    SLOTS_PER_BACKEND_ADVISED)
         rings: dict[str, np.ndarray] = {}
         for v in config.vips:
             vid = self.checkpoint.vips.get(v.name)
