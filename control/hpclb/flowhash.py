@@ -241,12 +241,13 @@ def _as_u64(name: str, values: ArrayLike, hi: int) -> NDArray[np.uint64]:
 
 
 def _bswap32(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
-    return (
+    out: NDArray[np.uint64] = (
         ((x & _u64(0xFF)) << _u64(24))
         | ((x & _u64(0xFF00)) << _u64(8))
         | ((x >> _u64(8)) & _u64(0xFF00))
         | ((x >> _u64(24)) & _u64(0xFF))
     )
+    return out
 
 
 def _bswap16(x: NDArray[np.uint64]) -> NDArray[np.uint64]:

@@ -118,7 +118,7 @@ def test_flow_key_layout() -> None:
 
 def test_address_forms_agree() -> None:
     a = ipaddress.IPv4Address("10.1.2.3")
-    forms = ["10.1.2.3", int(a), a, a.packed]
+    forms: list[flowhash.Address] = ["10.1.2.3", int(a), a, a.packed]
     hashes = {flow_hash(REF_KEY, f, "192.0.2.1", 1000, 80, 6) for f in forms}
     assert len(hashes) == 1
 
@@ -214,7 +214,7 @@ def test_probe_sequence_visits_every_slot(h: int, ring: int) -> None:
         (lambda: flow_hash(REF_KEY, "1.2.3.4", "5.6.7.8", 1, -1, 6), ValueError),
         (lambda: flow_hash(REF_KEY, "1.2.3.4", "5.6.7.8", 1, 2, 256), ValueError),
         (lambda: flow_hash(REF_KEY, True, "5.6.7.8", 1, 2, 6), TypeError),
-        (lambda: flow_hash(REF_KEY, 1.5, "5.6.7.8", 1, 2, 6), TypeError),
+        (lambda: flow_hash(REF_KEY, 1.5, "5.6.7.8", 1, 2, 6), TypeError),  # type: ignore[arg-type]
         (lambda: flow_slot(REF_KEY, "1.2.3.4", "5.6.7.8", 1, 2, 6, 1), ValueError),
         (lambda: probe_slot(2**64, 65537, 0), ValueError),
         (lambda: probe_slot(0, 65537, 2**32), ValueError),

@@ -1,0 +1,122 @@
+"""hpclb-xdp as an operator sees it: attach modes, clean detach, control-plane
+pushes that change only what changed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.push import fetch_tables, push_tables
+from hpclb.dataplane.supervisor import find_xdp_daemon
+from tests.conformance.harness import base_tables
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="needs root: network namespaces and XDP")
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"hlbd-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def ip(netns: str, *args: str) -> str:
+    return subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def start_daemon(netns: str, iface: str, tmp: Path, *extra: str) -> tuple[subprocess.Popen[str],
+                                                                           DataplaneClient]:
+    endpoint = f"ipc://{tmp}/dp.sock"
+    proc = subprocess.Popen(
+        [find_xdp_daemon(), "--netns", netns, "--iface", iface, "--socket", endpoint,
+         "--pin-dir", f"/sys/fs/bpf/hpclb/test-{netns}", *extra],
+        stderr=subprocess.PIPE, text=True)
+    client = DataplaneClient(endpoint, timeout_s=2.0)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.hello()
+            return proc, client
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"daemon did not start: {proc.communicate()[1]}") from None
+            time.sleep(0.1)
+
+
+def stop_daemon(proc: subprocess.Popen[str], client: DataplaneClient) -> str:
+    client.close()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_native_on_veth_and_clean_detach_on_sigterm(netns: str, tmp_path: Path) -> None:
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "set", "va", "up")
+    ip(netns, "link", "set", "vb", "up")
+    proc, client = start_daemon(netns, "va", tmp_path)
+    assert client.hello()["attach_mode"] == "native"
+    assert "xdp" in ip(netns, "link", "show", "va")
+    assert Path(f"/sys/fs/bpf/hpclb/test-{netns}/lb_xdp").exists(), "program pinned"
+    stop_daemon(proc, client)
+    assert "xdp" not in ip(netns, "link", "show", "va"), "detached on SIGTERM"
+    assert not Path(f"/sys/fs/bpf/hpclb/test-{netns}").exists(), "pins removed"
+
+
+def test_falls_back_to_generic_with_a_log_line(netns: str, tmp_path: Path) -> None:
+    # A bridge has no native XDP support (and, unlike dummy, needs no module).
+    ip(netns, "link", "add", "d0", "type", "bridge")
+    ip(netns, "link", "set", "d0", "up")
+    proc, client = start_daemon(netns, "d0", tmp_path)
+    assert client.hello()["attach_mode"] == "generic"
+    assert "xdpgeneric" in ip(netns, "link", "show", "d0")
+    err = stop_daemon(proc, client)
+    assert "falling back to generic" in err
+
+
+def test_native_only_refuses_to_fall_back(netns: str, tmp_path: Path) -> None:
+    ip(netns, "link", "add", "d0", "type", "bridge")
+    ip(netns, "link", "set", "d0", "up")
+    proc = subprocess.run(
+        [find_xdp_daemon(), "--netns", netns, "--iface", "d0", "--xdp-mode", "native",
+         "--socket", f"ipc://{tmp_path}/dp.sock", "--pin-dir",
+         f"/sys/fs/bpf/hpclb/test-{netns}"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "native XDP attach to d0 failed" in proc.stderr
+    assert "xdp" not in ip(netns, "link", "show", "d0")
+
+
+def test_a_weight_change_is_pushed_as_a_patch(netns: str, tmp_path: Path) -> None:
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    proc, client = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    try:
+        first = base_tables()
+        report = push_tables(client, None, first)
+        assert report.rings_full == len(first.vips)
+        second = base_tables({0: 1.0, 1: 1.0, 2: 3.0})
+        report = push_tables(client, first, second)
+        assert report.rings_full == 0 and report.backends_set == 0 and report.vips_set == 0
+        assert 0 < report.slots_patched < 2 * 65537 // 2
+        held = fetch_tables(client)
+        for vip_id, ring in second.rings.items():
+            assert (held.rings[vip_id] == ring).all()
+        assert held.vips == second.vips and held.backends == second.backends
+        assert push_tables(client, held, second).summary().endswith("patched_slots=0")
+    finally:
+        stop_daemon(proc, client)
