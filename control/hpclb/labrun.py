@@ -111,6 +111,17 @@ class LabAppliance:
                 raise LabApplianceError(f"no table push within {timeout_s}s:\n{self.log_text()}")
             time.sleep(0.05)
 
+    def dataplane_pid(self) -> int:
+        """pid of the data plane `hpclb run` supervises (from its pid file)."""
+        return int((self.workdir / "run" / f"{self.name}.pid").read_text().strip())
+
+    def pushes(self) -> int:
+        """How many table pushes `hpclb run` has logged so far."""
+        return self._pushes()
+
+    def wait_pushes(self, count: int, timeout_s: float = 30.0) -> None:
+        self._wait_pushes(count, timeout_s)
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text()[-4000:]

@@ -9,6 +9,7 @@ straight to the client (DSR).
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -126,3 +127,22 @@ def test_broken_reload_keeps_the_running_configuration(lab: Lab,
         time.sleep(0.05)
     assert appliance.proc.poll() is None
     assert udp_flows(lab, "24000-24099") == before
+
+
+def test_killed_data_plane_is_restarted_without_breaking_a_stream(
+        lab: Lab, appliance: LabAppliance) -> None:
+    """kill -9 of hpclb-xdp: the attached program keeps forwarding from the
+    pinned maps, `hpclb run` restarts the daemon, which adopts the maps, and
+    pushes the tables again; a TCP stream running across it never notices."""
+    stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0)
+    time.sleep(1.0)
+    pid = appliance.dataplane_pid()
+    pushes = appliance.pushes()
+    os.kill(pid, signal.SIGKILL)
+    appliance.wait_pushes(pushes + 1, timeout_s=30)
+    assert appliance.dataplane_pid() != pid
+    assert "restarting" in appliance.log_text()
+    report = lab.wait_json(stream, timeout=30)
+    assert report["errors"] == [] and len(report["distinct"]) == 1
+    assert len(report["names"]) >= 60
+    assert lab.run_client(LAB_VIP, LAB_PORT, connections=200)["failures"] == 0
