@@ -9,7 +9,6 @@ operator makes them (edit the YAML, send SIGHUP).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.supervisor import stop_child, terminate_pid
 from hpclb.lab import Lab
 
 LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
@@ -146,27 +146,13 @@ class LabAppliance:
 
     def stop(self) -> None:
         self.client.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_child(self.proc, timeout_s=15)
         self.proc = None
         # A data plane orphaned by a killed `hpclb run` (tests do that) must not
         # outlive the lab: its pid file names it.
-        pidfile = self.workdir / "run" / f"{self.name}.pid"
-        try:
-            pid = int(pidfile.read_text().strip())
-        except (OSError, ValueError):
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
-                os.kill(pid, 0)
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):
+            terminate_pid(self.dataplane_pid(), timeout_s=5)
 
     def __enter__(self) -> LabAppliance:
         self.start()

@@ -21,7 +21,7 @@ from typing import Protocol
 from hpclb.dataplane.bpf_testrun import PinnedXdpProgram
 from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.push import push_tables
-from hpclb.dataplane.supervisor import find_xdp_daemon
+from hpclb.dataplane.supervisor import find_xdp_daemon, stop_child
 from hpclb.dataplane.tables import TableSet, mac_str
 
 
@@ -113,13 +113,8 @@ class XdpTarget:
             self.prog.close()
         if hasattr(self, "client"):
             self.client.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_child(self.proc)
         if hasattr(self, "_affinity"):
             os.sched_setaffinity(0, self._affinity)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)

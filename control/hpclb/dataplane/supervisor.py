@@ -18,6 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpclb.dataplane.client import DataplaneClient, DataplaneError
 
@@ -70,7 +71,7 @@ class DataplaneProcess:
             except DataplaneError:
                 log.warning("pid %d in %s does not answer on %s; restarting it",
                             pid, self.pidfile, self.endpoint)
-                _terminate(pid)
+                terminate_pid(pid)
             else:
                 self.pid = pid
                 log.info("adopted running data plane pid %d on %s", pid, self.endpoint)
@@ -132,14 +133,9 @@ class DataplaneProcess:
         """SIGTERM the data plane (it detaches and unpins) and wait for it."""
         if self.pid is not None:
             if self._proc is not None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+                stop_child(self._proc)
             else:
-                _terminate(self.pid)
+                terminate_pid(self.pid)
         self.client.close()
         self.pidfile.unlink(missing_ok=True)
         self.pid = None
@@ -166,7 +162,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _terminate(pid: int, timeout_s: float = 10.0) -> None:
+def stop_child(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """SIGTERM a child, SIGKILL it if it has not exited after ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def terminate_pid(pid: int, timeout_s: float = 10.0) -> None:
+    """The same for a process that is not our child (an adopted data plane)."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
