@@ -400,12 +400,6 @@ class Lab:
         return proc
 
     def _wrap(self, ns: str, argv: Sequence[str]) -> list[str]:
-        if self.ns(ns) == self.client_ns:
-            # A veth has no RSS: the appliance's XDP program runs on the CPU that
-            # sent the frame, and its flow table is per CPU. Keeping every client
-            # program on one CPU gives each flow one flow table, as a NIC's RSS
-            # gives a real flow one queue.
-            argv = ["taskset", "-c", "0", *argv]
         return ["ip", "netns", "exec", self.ns(ns), *argv]
 
     @staticmethod

@@ -33,7 +33,7 @@ typedef uint64_t __u64;
 #define LB_MAX_BACKENDS 4096     /* backend table entries, ids 0..LB_MAX_BACKENDS-1 */
 #define LB_RING_SIZE_DEFAULT 65537 /* Maglev table size, a prime */
 #define LB_RING_SIZE_MAX 1048573   /* largest prime ring the data planes accept */
-#define LB_MAX_FLOWS 1048576     /* flow-affinity entries (per CPU in XDP) */
+#define LB_MAX_FLOWS 1048576     /* flow-affinity entries, shared by all CPUs */
 #define LB_MAX_PORTS 8           /* egress ports: 0 = the ingress port (one-arm) */
 #define LB_HASH_KEY_LEN 16       /* SipHash-2-4 key */
 #define LB_RING_PROBES 8         /* ring slots tried when a slot's backend is not up */
@@ -103,8 +103,8 @@ struct lb_flow_key {
 struct lb_flow_entry {
 	__u32 backend; /* backend id the flow is pinned to */
 	__u32 vip_id;
-	__u64 pinned_ns; /* when this CPU pinned the flow; never 0 (0 = this CPU never saw it).
-	                  * Recency is the LRU's business: a hit writes nothing. */
+	__u64 pinned_ns; /* when the flow was pinned (diagnostics; recency is the
+	                  * LRU's business, so a hit writes nothing) */
 };
 
 /* ---- egress ports ------------------------------------------------------ */

@@ -5,7 +5,9 @@
  * Per packet: parse Ethernet/IPv4/L4 with every length checked, look the
  * (daddr, dport, proto) triple up in vip_map, then
  *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
- *      a weight change or ring patch never moves an established flow);
+ *      a weight change or ring patch never moves an established flow; the
+ *      flow table is shared by all CPUs, so this holds whichever CPU a
+ *      packet arrives on);
  *   2. otherwise hash the 5-tuple (lb_hash.h) into the VIP's ring and take the
  *      first up backend among LB_RING_PROBES probe slots (a down or draining
  *      backend takes no new flow even before the control plane rewrites the
@@ -58,8 +60,14 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE);
 } ring_map SEC(".maps");
 
+/* One flow table shared by all CPUs, not one per CPU: a TCP flow's packets do
+ * not all arrive on one CPU (the ACK a client sends from the softirq that
+ * received the backend's reply, an RSS table change, irqbalance), and a CPU
+ * that never saw a flow would re-hash it with the current ring and move it
+ * off its backend after a weight change. Lookups are lock-free; only a new
+ * flow takes the LRU's lock. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb_flow_key);
 	__type(value, struct lb_flow_entry);
 	__uint(max_entries, LB_MAX_FLOWS);
@@ -169,6 +177,7 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_config *cfg;
 	struct lb_port *port;
 	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx;
+	long verdict;
 	void *l4;
 
 	stat(LB_STAT_RX, len, 0);
@@ -217,11 +226,6 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 
 	pinned = bpf_map_lookup_elem(&flow_map, &flow);
-	/* flow_map is per-CPU: a flow pinned on another CPU exists here too, with
-	 * this CPU's value zeroed. A zero pinned_ns marks that "not pinned here"
-	 * value; reading it as backend 0 would split the flow across backends. */
-	if (pinned && pinned->pinned_ns == 0)
-		pinned = NULL;
 	if (pinned) {
 		backend_id = pinned->backend;
 		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
@@ -251,13 +255,20 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
 	__builtin_memcpy(eth->h_dest, backend->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, port->mac, ETH_ALEN);
+	if (port_idx == 0) {
+		verdict = XDP_TX;
+		stat(LB_STAT_FWD_TX, len, 0);
+	} else {
+		/* An empty devmap slot (the egress NIC went away) drops: count it
+		 * as such, not as forwarded. */
+		verdict = bpf_redirect_map(&tx_devmap, port_idx, XDP_DROP);
+		if (verdict != XDP_REDIRECT)
+			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+		stat(LB_STAT_FWD_REDIRECT, len, 0);
+	}
 	count(bpf_map_lookup_elem(&vip_stats_map, &vip->vip_id), len);
 	count(bpf_map_lookup_elem(&backend_stats_map, &backend_id), len);
-
-	if (port_idx == 0)
-		return stat(LB_STAT_FWD_TX, len, XDP_TX);
-	stat(LB_STAT_FWD_REDIRECT, len, 0);
-	return bpf_redirect_map(&tx_devmap, port_idx, XDP_DROP);
+	return verdict;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -74,11 +74,7 @@ class XdpTarget:
             hello = self._wait_hello()
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
             self.prog = PinnedXdpProgram(f"{self.pin_dir}/lb_xdp")
-            # Flows live in a per-CPU LRU; test runs execute on the caller's CPU,
-            # so keep this process on one CPU to see one flow table (as RSS does
-            # for a real flow).
             self._affinity = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {min(self._affinity)})
         except BaseException:
             self.close()
             raise
