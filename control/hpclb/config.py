@@ -124,7 +124,9 @@ class ApplianceConfig(_Strict):
     netns: str | None = Field(None, min_length=1, max_length=255)
     hash_key: str
     ring_size: int = Field(LB_RING_SIZE_DEFAULT, strict=True)
-    control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^(ipc|tcp)://\S+$")
+    # ipc only: the socket's file permissions (0600, root) are the guard; a tcp
+    # endpoint would let anyone who reaches the port rewrite the tables.
+    control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
     xdp: XdpConfig = Field(default_factory=XdpConfig)
 
     @field_validator("hash_key", mode="before")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,7 @@ import numpy as np
 from hpclb import maglev
 from hpclb.config import BackendState as AdminState
 from hpclb.config import ConfigError, HpclbConfig, PoolConfig, load_config
-from hpclb.dataplane.client import DataplaneError
-from hpclb.dataplane.push import PushReport, fetch_tables, push_tables
+from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
 from hpclb.dataplane.tables import (
     MAX_BACKENDS,
@@ -37,10 +37,15 @@ from hpclb.dataplane.tables import (
     TableSet,
     Vip,
 )
-from hpclb.neighbours import resolve_mac
+from hpclb.neighbours import NeighbourError, resolve_mac
 from hpclb.state import Checkpoint
 
 log = logging.getLogger("hpclb.controller")
+
+# A backend without a MAC is written with this one and state DOWN: never chosen.
+NO_MAC = "00:00:00:00:00:00"
+# How often a failed push, or a backend that did not answer ARP, is retried.
+RETRY_INTERVAL_S = 5.0
 
 # Maglev (NSDI 2016) advises a table at least 100 times the backend count.
 SLOTS_PER_BACKEND_ADVISED = 100
@@ -84,10 +89,12 @@ def xdp_argv(config: HpclbConfig, paths: Paths) -> list[str]:
     return argv
 
 
-def pool_ring(pool: PoolConfig, ids: dict[str, int], ring_size: int) -> np.ndarray:
+def pool_ring(pool: PoolConfig, ids: dict[str, int], ring_size: int,
+              unreachable: set[str]) -> np.ndarray:
     """Maglev ring of a pool: configured weight, 0 for backends not up."""
     members = [
-        (ids[b.name], b.name, b.weight if b.state is AdminState.UP else 0.0)
+        (ids[b.name], b.name,
+         b.weight if b.state is AdminState.UP and b.name not in unreachable else 0.0)
         for b in pool.backends
     ]
     return maglev.build_table(members, ring_size)
@@ -114,16 +121,27 @@ class Controller:
             pidfile=self.paths.run_dir / f"{self.config.appliance.name}.pid",
             log_path=self.paths.run_dir / f"{self.config.appliance.name}.dataplane.log",
         )
+        self.unresolved: set[ipaddress.IPv4Address] = set()
+        self.desired: TableSet | None = None
+        self.push_pending = False
+        self._last_retry = 0.0
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
 
     # --- desired state -----------------------------------------------------
 
-    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None) -> str:
+    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None) -> str | None:
+        """The backend's MAC, or None when it does not answer ARP."""
         if configured:
             return configured
         if addr not in self.macs:
-            self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
+            try:
+                self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
+            except NeighbourError as err:
+                log.warning("%s: taken out of the ring until it answers", err)
+                self.unresolved.add(addr)
+                return None
+        self.unresolved.discard(addr)
         return self.macs[addr]
 
     def tables_for(self, config: HpclbConfig) -> TableSet:
@@ -134,14 +152,18 @@ class Controller:
         egress_port = {name: i + 1 for i, name in enumerate(app.interfaces.egress)}
 
         tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
+        unreachable: set[str] = set()
         for pool in config.pools.values():
             for b in pool.backends:
                 bid = self.checkpoint.backends.get(b.name)
+                mac = self._mac(b.address, b.mac)
+                if mac is None:
+                    unreachable.add(b.name)
                 tables.backends[bid] = Backend(
                     backend_id=bid,
                     addr=b.address,
-                    mac=self._mac(b.address, b.mac),
-                    state=_STATE[b.state],
+                    mac=mac or NO_MAC,
+                    state=BackendState.DOWN if mac is None else _STATE[b.state],
                     port=egress_port[b.via] if b.via else 0,
                 )
         for name, pool in config.pools.items():
@@ -157,7 +179,8 @@ class Controller:
             tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
             if v.pool not in rings:
                 rings[v.pool] = pool_ring(
-                    config.pools[v.pool], self.checkpoint.backends.ids, app.ring_size
+                    config.pools[v.pool], self.checkpoint.backends.ids, app.ring_size,
+                    unreachable,
                 )
             tables.rings[vid] = rings[v.pool]
         self.checkpoint.save()
@@ -165,23 +188,37 @@ class Controller:
 
     # --- pushing -------------------------------------------------------------
 
-    def _push(self, desired: TableSet) -> PushReport:
-        report = push_tables(self.dataplane.client, self.current, desired)
+    def _push(self, desired: TableSet) -> bool:
+        """Push ``desired``; on any failure, forget what we think the data plane
+        holds (the next push reads it back) and retry from the loop."""
+        self.desired = desired
+        try:
+            report = push_tables(self.dataplane.client, self.current, desired)
+        except Exception as err:  # the data plane keeps its last good tables
+            log.error("table push failed, will retry: %s", err)
+            self.current = None
+            self.push_pending = True
+            return False
         self.current = desired
+        self.push_pending = False
         log.info("pushed tables: %s", report.summary())
-        return report
+        return True
 
     def start(self) -> None:
         desired = self.tables_for(self.config)
         adopted = self.dataplane.adopt_or_start()
         hello = self.dataplane.client.hello()
+        if adopted and hello.get("ring_size") != self.config.appliance.ring_size:
+            log.warning("running data plane has a %s-slot ring, the configuration %d: "
+                        "restarting it", hello.get("ring_size"), self.config.appliance.ring_size)
+            self.dataplane.stop()
+            self.dataplane.start()
+            hello = self.dataplane.client.hello()
         log.info(
             "data plane %s, attach mode %s, ring size %s",
             hello.get("dataplane"), hello.get("attach_mode"), hello.get("ring_size"),
         )
-        if adopted:
-            # Diff against what the surviving data plane really holds.
-            self.current = fetch_tables(self.dataplane.client)
+        self.current = None  # read back what it holds, adopted or fresh
         self._push(desired)
 
     def reload(self) -> bool:
@@ -192,26 +229,39 @@ class Controller:
             log.error("reload refused, keeping the running configuration:\n%s", err)
             return False
         if xdp_argv(config, self.paths) != self.dataplane.argv:
-            log.warning("interface, socket or ring settings changed: restart hpclb to apply them")
+            log.warning("interface, socket or ring settings changed: restart hpclb to apply "
+                        "them; applying the rest now")
+            kept = self.config.appliance.model_copy(update={"hash_key": config.appliance.hash_key})
+            config = config.model_copy(update={"appliance": kept})
         self.config = config
+        self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
         self._push(self.tables_for(config))
         return True
 
     def step(self) -> None:
-        """One turn of the loop: restart a dead data plane, apply a reload."""
+        """One turn of the loop: restart a dead data plane, apply a reload,
+        retry a failed push, and look again for backends that did not ARP."""
         if self.dataplane.restart_if_dead():
             self.current = None
             self._push(self.tables_for(self.config))
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
+        now = time.monotonic()
+        if now - self._last_retry >= RETRY_INTERVAL_S:
+            if self.unresolved:
+                self._last_retry = now
+                self._push(self.tables_for(self.config))
+            elif self.push_pending and self.desired is not None:
+                self._last_retry = now
+                self._push(self.desired)
 
     def run_forever(self, poll_s: float = 0.5) -> None:
         while not self.stop_requested.is_set():
             try:
                 self.step()
-            except DataplaneError as err:
-                log.error("data plane error: %s", err)
+            except Exception:  # never take the data plane down with us
+                log.exception("control loop error; the data plane keeps its tables")
             self.stop_requested.wait(poll_s)
 
     def shutdown(self) -> None:

@@ -9,6 +9,7 @@ operator makes them (edit the YAML, send SIGHUP).
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,9 +154,16 @@ class LabAppliance:
         # outlive the lab: its pid file names it.
         with contextlib.suppress(OSError, ValueError):
             terminate_pid(self.dataplane_pid(), timeout_s=5)
+        # A data plane that died by SIGKILL left its maps pinned; nobody will
+        # adopt this lab's pins again.
+        shutil.rmtree(f"/sys/fs/bpf/hpclb/{self.name}", ignore_errors=True)
 
     def __enter__(self) -> LabAppliance:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

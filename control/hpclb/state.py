@@ -17,23 +17,34 @@ from pathlib import Path
 
 @dataclass
 class IdTable:
-    """name -> small integer, lowest free id first, never reused while held."""
+    """name -> small integer.
+
+    A freed id goes to the back of a quarantine queue and is handed out again
+    only when no never-used id is left, oldest first: a flow still pinned to a
+    removed backend's id must not land on whichever node is added next.
+    """
 
     limit: int
     ids: dict[str, int] = field(default_factory=dict)
+    retired: list[int] = field(default_factory=list)
 
     def get(self, name: str) -> int:
         if name not in self.ids:
-            used = set(self.ids.values())
-            free = next((i for i in range(self.limit) if i not in used), None)
+            taken = set(self.ids.values()) | set(self.retired)
+            free = next((i for i in range(self.limit) if i not in taken), None)
             if free is None:
-                raise ValueError(f"no free id for {name!r}: all {self.limit} are in use")
+                if not self.retired:
+                    raise ValueError(f"no free id for {name!r}: all {self.limit} are in use")
+                free = self.retired.pop(0)
             self.ids[name] = free
         return self.ids[name]
 
     def retain(self, names: set[str]) -> None:
-        """Forget names no longer configured, freeing their ids."""
-        self.ids = {n: i for n, i in self.ids.items() if n in names}
+        """Forget names no longer configured; their ids go into quarantine."""
+        for name, i in list(self.ids.items()):
+            if name not in names:
+                del self.ids[name]
+                self.retired.append(i)
 
 
 @dataclass
@@ -53,13 +64,17 @@ class Checkpoint:
             raise ValueError(f"{path}: unreadable checkpoint ({exc}); move it away") from exc
         return cls(
             path,
-            IdTable(max_backends, dict(data.get("backends", {}))),
-            IdTable(max_vips, dict(data.get("vips", {}))),
+            IdTable(max_backends, dict(data.get("backends", {})),
+                    list(data.get("retired_backends", []))),
+            IdTable(max_vips, dict(data.get("vips", {})), list(data.get("retired_vips", []))),
         )
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"backends": self.backends.ids, "vips": self.vips.ids}, indent=1)
+        payload = json.dumps({
+            "backends": self.backends.ids, "vips": self.vips.ids,
+            "retired_backends": self.backends.retired, "retired_vips": self.vips.retired,
+        }, indent=1)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ids.")
         with os.fdopen(fd, "w") as f:
             f.write(payload)

@@ -111,7 +111,10 @@ def test_control_plane_death_does_not_stop_forwarding(lab: Lab, appliance: LabAp
     assert report["failures"] == 0
     # A new control plane adopts the running data plane and pushes nothing new.
     appliance.start()
-    assert "adopted running data plane" in appliance.log_text()
+    log = appliance.log_text()
+    assert "adopted running data plane" in log
+    assert log.rstrip().endswith("key=same backends=0 vips=0 vips_deleted=0 full_rings=0 "
+                                 "patched_slots=0"), log
     assert udp_flows(lab, "23000-23099") == before
 
 
@@ -146,3 +149,25 @@ def test_killed_data_plane_is_restarted_without_breaking_a_stream(
     assert report["errors"] == [] and len(report["distinct"]) == 1
     assert len(report["names"]) >= 60
     assert lab.run_client(LAB_VIP, LAB_PORT, connections=200)["failures"] == 0
+
+
+def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_path: Path) -> None:
+    """A backend whose MAC cannot be resolved does not stop the appliance: it is
+    held DOWN, out of the ring, and enters once it answers ARP (the retry)."""
+    lab.set_backend_link(2, up=False)
+    try:
+        with LabAppliance(lab, tmp_path, WEIGHTS) as appliance:
+            assert "taken out of the ring" in appliance.log_text()
+            states = {b["id"]: b["state"] for b in appliance.client.dump()["backends"]}
+            assert sorted(states.values()) == [0, 0, 2], states  # b2 DOWN
+            pushes = appliance.pushes()
+            lab.set_backend_link(2, up=True)
+            appliance.wait_pushes(pushes + 1, timeout_s=30)  # the retry resolves it
+            states = {b["id"]: b["state"] for b in appliance.client.dump()["backends"]}
+            assert sorted(states.values()) == [0, 0, 0], states
+            ring = appliance.client.get_ring(0)
+            shares = {bid: int((ring == bid).sum()) / len(ring) for bid in states}
+            assert all(abs(share - 0.25) < 0.01 or abs(share - 0.5) < 0.01
+                       for share in shares.values()), shares  # b2 back at its weight
+    finally:
+        lab.set_backend_link(2, up=True)

@@ -43,7 +43,7 @@ def start_daemon(netns: str, iface: str, tmp: Path, *extra: str) -> tuple[subpro
     proc = subprocess.Popen(
         [find_xdp_daemon(), "--netns", netns, "--iface", iface, "--socket", endpoint,
          "--pin-dir", f"/sys/fs/bpf/hpclb/test-{netns}", *extra],
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True)  # small: a few lines per start/stop
     client = DataplaneClient(endpoint, timeout_s=2.0)
     deadline = time.monotonic() + 20
     while True:
@@ -58,9 +58,14 @@ def start_daemon(netns: str, iface: str, tmp: Path, *extra: str) -> tuple[subpro
 
 
 def stop_daemon(proc: subprocess.Popen[str], client: DataplaneClient) -> str:
+    """SIGTERM the daemon (SIGKILL if it hangs) and return its log."""
     client.close()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=15)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
     assert proc.returncode == 0, err
     return err
 
@@ -70,10 +75,12 @@ def test_native_on_veth_and_clean_detach_on_sigterm(netns: str, tmp_path: Path) 
     ip(netns, "link", "set", "va", "up")
     ip(netns, "link", "set", "vb", "up")
     proc, client = start_daemon(netns, "va", tmp_path)
-    assert client.hello()["attach_mode"] == "native"
-    assert "xdp" in ip(netns, "link", "show", "va")
-    assert Path(f"/sys/fs/bpf/hpclb/test-{netns}/lb_xdp").exists(), "program pinned"
-    stop_daemon(proc, client)
+    try:
+        assert client.hello()["attach_mode"] == "native"
+        assert "xdp" in ip(netns, "link", "show", "va")
+        assert Path(f"/sys/fs/bpf/hpclb/test-{netns}/lb_xdp").exists(), "program pinned"
+    finally:
+        stop_daemon(proc, client)
     assert "xdp" not in ip(netns, "link", "show", "va"), "detached on SIGTERM"
     assert not Path(f"/sys/fs/bpf/hpclb/test-{netns}").exists(), "pins removed"
 
@@ -83,9 +90,11 @@ def test_falls_back_to_generic_with_a_log_line(netns: str, tmp_path: Path) -> No
     ip(netns, "link", "add", "d0", "type", "bridge")
     ip(netns, "link", "set", "d0", "up")
     proc, client = start_daemon(netns, "d0", tmp_path)
-    assert client.hello()["attach_mode"] == "generic"
-    assert "xdpgeneric" in ip(netns, "link", "show", "d0")
-    err = stop_daemon(proc, client)
+    try:
+        assert client.hello()["attach_mode"] == "generic"
+        assert "xdpgeneric" in ip(netns, "link", "show", "d0")
+    finally:
+        err = stop_daemon(proc, client)
     assert "falling back to generic" in err
 
 

@@ -1,10 +1,13 @@
 """Desired state -> table protocol operations.
 
-``push_tables`` brings a data plane from the tables it holds (``current``, or
-nothing after a start) to ``desired`` with the fewest operations: backends
-first (a ring may only name backends the data plane knows), then VIPs, then
-rings — as a patch of the changed slots when the VIP already had a ring, so a
-weight change never rewrites 65537 slots — and VIP deletions last.
+``push_tables`` brings a data plane from the tables it holds (``current``,
+read back from the data plane when unknown) to ``desired`` with the fewest
+operations: the hash key if it changed; backends (a ring may only name
+backends the data plane knows); VIPs that went away or changed (deleted first,
+so that a key moving to another id is free); new and changed VIPs with their
+rings — a patch of the changed slots when the VIP already had a ring, so a
+weight change never rewrites 65537 slots; last, backends no longer configured
+become UNUSED, once no ring names them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from hpclb.maglev import diff_tables
 
 @dataclass
 class PushReport:
+    config_set: bool = False
     backends_set: int = 0
     vips_set: int = 0
     vips_deleted: int = 0
@@ -27,6 +31,7 @@ class PushReport:
 
     def summary(self) -> str:
         return (
+            f"key={'new' if self.config_set else 'same'} "
             f"backends={self.backends_set} vips={self.vips_set} "
             f"vips_deleted={self.vips_deleted} "
             f"full_rings={self.rings_full} patched_slots={self.slots_patched}"
@@ -34,12 +39,25 @@ class PushReport:
 
 
 def push_tables(client: DataplaneClient, current: TableSet | None, desired: TableSet) -> PushReport:
-    report = PushReport()
-    if current is None or current.hash_key != desired.hash_key:
-        client.set_config(desired.hash_key)
-        current = None  # a new key moves every slot: push everything again
+    """Bring the data plane from ``current`` to ``desired``.
 
-    old_backends = current.backends if current else {}
+    ``current`` None means "unknown" (a start, a restart, a failed push): it is
+    then read back from the data plane, so that what is pushed is always a
+    diff against what is really there, deletions included.
+    """
+    report = PushReport()
+    if current is None:
+        current = fetch_tables(client)
+    if current.ring_size != desired.ring_size:
+        raise ValueError(
+            f"the data plane's ring has {current.ring_size} slots, the configuration "
+            f"{desired.ring_size}: the data plane must be restarted to change it"
+        )
+    if current.hash_key != desired.hash_key:
+        client.set_config(desired.hash_key)
+        report.config_set = True
+
+    old_backends = current.backends
     changed = [b for bid, b in desired.backends.items() if old_backends.get(bid) != b]
     # Backends no longer configured become UNUSED (after rings stop naming them).
     removed = [bid for bid in old_backends if bid not in desired.backends]
@@ -47,7 +65,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
         client.set_backends(changed)
         report.backends_set = len(changed)
 
-    old_vips = current.vips if current else {}
+    old_vips = current.vips
     # Delete first: a VIP whose key moved to another id must be gone before
     # the new id claims the key.
     for vip_id, vip in old_vips.items():
@@ -60,7 +78,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
             client.set_vip(vip)
             report.vips_set += 1
         ring = desired.rings[vip_id]
-        old_ring = current.rings.get(vip_id) if current and unchanged else None
+        old_ring = current.rings.get(vip_id) if unchanged else None
         if old_ring is None:
             client.set_ring(vip_id, ring)
             report.rings_full += 1

@@ -10,6 +10,7 @@ controller pushes its tables again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -65,6 +66,10 @@ class DataplaneProcess:
         in place), False when a fresh one was started.
         """
         pid = self._pid_from_file()
+        if pid is not None and _alive(pid) and _comm(pid) != Path(self.argv[0]).name[:15]:
+            log.warning("pid file %s names pid %d, which is not %s: ignoring it",
+                        self.pidfile, pid, Path(self.argv[0]).name)
+            pid = None
         if pid is not None and _alive(pid):
             try:
                 self.client.hello()
@@ -184,4 +189,13 @@ def terminate_pid(pid: int, timeout_s: float = 10.0) -> None:
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _comm(pid: int) -> str:
+    """The process's command name (15 characters at most), '' if unreadable."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
