@@ -155,6 +155,9 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
     """A backend whose MAC cannot be resolved does not stop the appliance: it is
     held DOWN, out of the ring, and enters once it answers ARP (the retry)."""
     lab.set_backend_link(2, up=False)
+    # Earlier tests left b2 in the appliance's neighbour cache: forget it, as
+    # after a reboot, so that the MAC must come from ARP.
+    lab.exec("lb", ["ip", "neigh", "flush", "all"])
     try:
         with LabAppliance(lab, tmp_path, WEIGHTS) as appliance:
             assert "taken out of the ring" in appliance.log_text()
