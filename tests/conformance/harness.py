@@ -17,6 +17,7 @@ from hpclb.dataplane.bpf_testrun import BpfError
 from hpclb.dataplane.tables import (
     IPPROTO_TCP,
     IPPROTO_UDP,
+    STAT_NAMES,
     Backend,
     BackendState,
     TableSet,
@@ -124,7 +125,10 @@ class Harness:
         if self.target is None:
             return
         end = self.target.counters()
-        for reason, n in self.reasons.items():
+        for reason in STAT_NAMES:
             if reason.startswith(("fwd_", "pass_", "drop_")):
                 got = end.get(reason, 0) - self._start_counters.get(reason, 0)
+                n = self.reasons.get(reason, 0)
                 assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"
+        received = end.get("rx", 0) - self._start_counters.get("rx", 0)
+        assert received == sum(self.reasons.values()), "every frame counted once as rx"
