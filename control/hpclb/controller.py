@@ -46,6 +46,8 @@ log = logging.getLogger("hpclb.controller")
 NO_MAC = "00:00:00:00:00:00"
 # How often a failed push, or a backend that did not answer ARP, is retried.
 RETRY_INTERVAL_S = 5.0
+# How often the data plane must answer hello (three misses in a row: restart).
+HEALTH_INTERVAL_S = 5.0
 
 # Maglev (NSDI 2016) advises a table at least 100 times the backend count.
 SLOTS_PER_BACKEND_ADVISED = 100
@@ -125,6 +127,7 @@ class Controller:
         self.desired: TableSet | None = None
         self.push_pending = False
         self._last_retry = 0.0
+        self._last_health = time.monotonic()
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
 
@@ -244,10 +247,13 @@ class Controller:
         if self.dataplane.restart_if_dead():
             self.current = None
             self._push(self.tables_for(self.config))
+        now = time.monotonic()
+        if now - self._last_health >= HEALTH_INTERVAL_S:
+            self._last_health = now
+            self.dataplane.check_responsive()
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
-        now = time.monotonic()
         if now - self._last_retry >= RETRY_INTERVAL_S:
             if self.unresolved:
                 self._last_retry = now

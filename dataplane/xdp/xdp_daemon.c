@@ -894,6 +894,9 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* A hang-up of a terminal or session the daemon was started from must not
+	 * kill it without detaching: only SIGTERM/SIGINT stop it. */
+	signal(SIGHUP, SIG_IGN);
 
 	memset(&info, 0, sizeof(info));
 	info.dataplane = "xdp";

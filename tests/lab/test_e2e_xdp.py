@@ -8,6 +8,7 @@ straight to the client (DSR).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -175,3 +176,23 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
                        for share in shares.values()), shares  # b2 back at its weight
     finally:
         lab.set_backend_link(2, up=True)
+
+
+def test_wedged_data_plane_is_killed_and_restarted(lab: Lab, appliance: LabAppliance) -> None:
+    """A data plane that stops answering (SIGSTOP) is killed after three missed
+    hellos and restarted; the attached program forwards all along."""
+    before = udp_flows(lab, "25000-25049")
+    pid = appliance.dataplane_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert udp_flows(lab, "25000-25049") == before, "forwarding while wedged"
+        deadline = time.monotonic() + 90
+        while appliance.dataplane_pid() == pid:
+            assert time.monotonic() < deadline, appliance.log_text()
+            time.sleep(0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert "is wedged: killing it" in appliance.log_text()
+    appliance.wait_pushes(2, timeout_s=30)
+    assert udp_flows(lab, "25000-25049") == before

@@ -53,6 +53,7 @@ class DataplaneProcess:
     restarts: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _backoff_s: float = 0.5
+    _missed: int = 0
 
     def __post_init__(self) -> None:
         self.client = DataplaneClient(self.endpoint, timeout_s=5.0)
@@ -132,6 +133,25 @@ class DataplaneProcess:
         self.client.close()
         self.start()
         self.restarts += 1
+        return True
+
+    def check_responsive(self, allowed_misses: int = 3) -> bool:
+        """Ask the data plane for hello; one that misses ``allowed_misses`` in a
+        row is wedged and gets SIGKILL, so that ``restart_if_dead`` restarts it
+        (its pinned maps keep the attached program forwarding meanwhile)."""
+        try:
+            self.client.hello()
+        except DataplaneError as err:
+            self._missed += 1
+            log.warning("data plane pid %s did not answer (%d/%d): %s",
+                        self.pid, self._missed, allowed_misses, err)
+            if self._missed >= allowed_misses and self.pid is not None:
+                log.error("data plane pid %s is wedged: killing it", self.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+                self._missed = 0
+            return False
+        self._missed = 0
         return True
 
     def stop(self) -> None:
