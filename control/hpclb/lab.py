@@ -130,6 +130,7 @@ class Lab:
         self._lock = threading.RLock()
         self._is_up = False
         self._prev_handlers: dict[int, Any] = {}
+        self._owner_pid = os.getpid()
 
     # ------------------------------------------------------------------ naming
 
@@ -278,6 +279,13 @@ class Lab:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Tear down first, then let the previous disposition act (KeyboardInterrupt for
         # SIGINT, death for SIGTERM): a killed test run must not leave namespaces behind.
+        # Only in the process that built the lab: pyroute2's NetNS forks a helper that
+        # inherits this handler and is stopped with SIGTERM; in that child a teardown
+        # killed a backend server on every NetNS call.
+        if os.getpid() != self._owner_pid:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
         self.down()
         self._restore_signal_handlers()
         signal.raise_signal(signum)

@@ -164,6 +164,9 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
             assert "taken out of the ring" in appliance.log_text()
             states = {b["id"]: b["state"] for b in appliance.client.dump()["backends"]}
             assert sorted(states.values()) == [0, 0, 2], states  # b2 DOWN
+            report = lab.run_client(LAB_VIP, LAB_PORT, connections=200)
+            assert report["failures"] == 0, report["errors"]
+            assert set(report["counts"]) == {"b1", "b3"}
             lab.set_backend_link(2, up=True)
             deadline = time.monotonic() + 30  # retries every 5 s until b2 answers ARP
             while sorted(states.values()) != [0, 0, 0]:
@@ -174,6 +177,9 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
             shares = {bid: int((ring == bid).sum()) / len(ring) for bid in states}
             assert all(abs(share - 0.25) < 0.01 or abs(share - 0.5) < 0.01
                        for share in shares.values()), shares  # b2 back at its weight
+            report = lab.run_client(LAB_VIP, LAB_PORT, connections=400)
+            assert report["failures"] == 0, report["errors"]
+            assert report["counts"].get("b2", 0) > 50
     finally:
         lab.set_backend_link(2, up=True)
 
