@@ -538,7 +538,7 @@ class Lab:
     def run_client(
         self, vip: str | None = None, port: int = DEFAULT_PORT, *, connections: int = 100,
         concurrency: int = 50, udp: bool = False, timeout: float = 2.0,
-        deadline: float = 60.0,
+        deadline: float = 60.0, sport_first: int | None = None,
     ) -> dict[str, Any]:
         """Run ``labnode client`` in the client namespace; returns its JSON report.
 
@@ -548,7 +548,8 @@ class Lab:
         argv = [sys.executable, "-m", "hpclb.labnode", "client", "--vip",
                 vip or self.vips[0], "--port", str(port), "--connections", str(connections),
                 "--concurrency", str(concurrency), "--timeout", str(timeout),
-                "--deadline", str(deadline), "--json", *(["--udp"] if udp else [])]
+                "--deadline", str(deadline), "--json", *(["--udp"] if udp else []),
+                *(["--sport-first", str(sport_first)] if sport_first is not None else [])]
         res = self.exec("cli", argv, check=False, timeout=deadline + 30)
         return _parse_report(res.stdout, res.stderr)
 

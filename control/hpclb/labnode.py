@@ -148,6 +148,7 @@ class ClientResult:
     counts: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     source_ports: set[int] = field(default_factory=set)
+    placements: dict[int, str] = field(default_factory=dict)  # source port -> backend
     elapsed_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -159,6 +160,7 @@ class ClientResult:
             "counts": dict(sorted(self.counts.items())),
             "errors": dict(sorted(self.errors.items())),
             "distinct_source_ports": len(self.source_ports),
+            "placements": {str(p): n for p, n in sorted(self.placements.items())},
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -175,13 +177,17 @@ def _error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def _one_tcp(vip: str, port: int, timeout: float, used: set[int]) -> tuple[str, int]:
+async def _one_tcp(vip: str, port: int, timeout: float, used: set[int],
+                   sport: int | None = None) -> tuple[str, int]:
     """One short connection: connect, read the name, close. Returns (name, source port).
 
     ``used`` is not consulted: the client closes first, so TIME_WAIT keeps every port
     it used out of the kernel's choice for this run (fresh port each connection).
+    ``sport`` binds an explicit source port instead (a reproducible set of flows).
     """
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(vip, port), timeout)
+    local = ("0.0.0.0", sport) if sport is not None else None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(vip, port, local_addr=local), timeout)
     try:
         sport = writer.get_extra_info("sockname")[1]
         line = await asyncio.wait_for(reader.readline(), timeout)
@@ -243,7 +249,7 @@ async def _one_udp(vip: str, port: int, timeout: float, used: set[int]) -> tuple
 
 async def run_client(
     vip: str, port: int, connections: int, concurrency: int, timeout: float,
-    deadline: float, udp: bool,
+    deadline: float, udp: bool, sport_first: int | None = None,
 ) -> ClientResult:
     result = ClientResult(connections=connections)
     one = _one_udp if udp else _one_tcp
@@ -251,17 +257,21 @@ async def run_client(
     used: set[int] = set()
     start = time.monotonic()
 
-    async def attempt() -> None:
+    async def attempt(i: int) -> None:
         async with sem:
             try:
-                name, sport = await one(vip, port, timeout, used)
+                if sport_first is not None and not udp:
+                    name, sport = await _one_tcp(vip, port, timeout, used, sport_first + i)
+                else:
+                    name, sport = await one(vip, port, timeout, used)
             except Exception as exc:  # every failure is a counted outcome, not a crash
                 result.errors[_error_name(exc)] += 1
                 return
             result.counts[name] += 1
             result.source_ports.add(sport)
+            result.placements[sport] = name
 
-    tasks = [asyncio.create_task(attempt()) for _ in range(connections)]
+    tasks = [asyncio.create_task(attempt(i)) for i in range(connections)]
     _, pending = await asyncio.wait(tasks, timeout=deadline)
     for task in pending:
         task.cancel()
@@ -371,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per connection step (connect, read)")
     c.add_argument("--deadline", type=_positive(float, 3600), default=120.0,
                    help="overall limit; unfinished attempts count as failures")
+    c.add_argument("--sport-first", type=_positive(int, 65535), default=None,
+                   help="TCP: connection i binds source port SPORT_FIRST+i (reproducible flows)")
     c.add_argument("--json", action="store_true", help="JSON on one line (default: indented)")
 
     u = sub.add_parser("udpflows", help="one datagram from each of a range of source ports")
@@ -425,14 +437,18 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(args.name, args.port, args.udp, args.bind, args.idle_timeout))
         return 0
     if args.cmd == "client":
+        if args.sport_first is not None and args.sport_first + args.connections > 65536:
+            raise SystemExit("--sport-first + --connections runs past port 65535")
         res = asyncio.run(run_client(args.vip, args.port, args.connections, args.concurrency,
-                                     args.timeout, args.deadline, args.udp))
+                                     args.timeout, args.deadline, args.udp, args.sport_first))
         _print(res.to_json(), args.json)
         return 0 if res.to_json()["failures"] == 0 else 1
     if args.cmd == "udpflows":
         first, _, last = args.sports.partition("-")
-        report = run_udp_flows(args.vip, args.port, range(int(first), int(last or first) + 1),
-                               args.timeout)
+        sports = range(int(first), int(last or first) + 1)
+        if not 0 < len(sports) <= 5000 or sports.stop > 65536:
+            raise SystemExit("--sports: FIRST-LAST within 1..65535, at most 5000 ports")
+        report = run_udp_flows(args.vip, args.port, sports, args.timeout)
         _print(report, args.json)
         return 0
     out = asyncio.run(run_stream(args.vip, args.port, args.interval_ms / 1000, args.duration,
