@@ -20,15 +20,17 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-# Sizes mirrored from dataplane/common/lb_tables.h (the only source of truth;
-# tests/unit/test_tables_layout.py checks the mirror in dataplane/tables.py).
-LB_MAX_VIPS = 64
-LB_MAX_BACKENDS = 4096
-LB_MAX_PORTS = 8  # egress ports, index 0 is the ingress port itself
-LB_MAX_FLOWS = 1048576
-LB_RING_SIZE_DEFAULT = 65537
-LB_RING_SIZE_MAX = 1048573
-LB_HASH_KEY_LEN = 16
+from hpclb.dataplane import tables
+
+# Limits of dataplane/common/lb_tables.h, through its Python mirror (checked
+# against the header by tests/unit/test_tables_layout.py).
+LB_MAX_VIPS = tables.MAX_VIPS
+LB_MAX_BACKENDS = tables.MAX_BACKENDS
+LB_MAX_PORTS = tables.MAX_PORTS  # egress ports, index 0 is the ingress port itself
+LB_MAX_FLOWS = tables.MAX_FLOWS
+LB_RING_SIZE_DEFAULT = tables.RING_SIZE_DEFAULT
+LB_RING_SIZE_MAX = tables.RING_SIZE_MAX
+LB_HASH_KEY_LEN = tables.HASH_KEY_LEN
 
 Loc = tuple[str | int, ...]
 
