@@ -91,6 +91,18 @@ def xdp_argv(config: HpclbConfig, paths: Paths) -> list[str]:
     return argv
 
 
+def warn_small_rings(config: HpclbConfig) -> None:
+    """Once per configuration read: pools too large for the ring size."""
+    ring_size = config.appliance.ring_size
+    for name, pool in config.pools.items():
+        if ring_size < SLOTS_PER_BACKEND_ADVISED * len(pool.backends):
+            log.warning(
+                "pool %s: %d backends on a %d-slot ring: below %d slots per backend, "
+                "Maglev moves more flows than needed when a backend leaves; raise "
+                "appliance.ring_size", name, len(pool.backends), ring_size,
+                SLOTS_PER_BACKEND_ADVISED)
+
+
 def pool_ring(pool: PoolConfig, ids: dict[str, int], ring_size: int,
               unreachable: set[str]) -> np.ndarray:
     """Maglev ring of a pool: configured weight, 0 for backends not up."""
@@ -112,6 +124,7 @@ class Controller:
     ) -> None:
         self.config_path = config_path
         self.config = load_config(config_path)
+        warn_small_rings(self.config)
         self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
         self.keep_dataplane = keep_dataplane
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
@@ -169,13 +182,6 @@ class Controller:
                     state=BackendState.DOWN if mac is None else _STATE[b.state],
                     port=egress_port[b.via] if b.via else 0,
                 )
-        for name, pool in config.pools.items():
-            if app.ring_size < SLOTS_PER_BACKEND_ADVISED * len(pool.backends):
-                log.warning(
-                    "pool %s: %d backends on a %d-slot ring: below %d slots per backend, "
-                    "Maglev moves more flows than needed when a backend leaves; raise "
-                    "appliance.ring_size", name, len(pool.backends), app.ring_size,
-                    SLOTS_PER_BACKEND_ADVISED)
         rings: dict[str, np.ndarray] = {}
         for v in config.vips:
             vid = self.checkpoint.vips.get(v.name)
@@ -237,6 +243,7 @@ class Controller:
             kept = self.config.appliance.model_copy(update={"hash_key": config.appliance.hash_key})
             config = config.model_copy(update={"appliance": kept})
         self.config = config
+        warn_small_rings(config)
         self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
         self._push(self.tables_for(config))
         return True

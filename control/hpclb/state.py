@@ -8,6 +8,7 @@ checkpoint (atomically: write, fsync, rename) that every later run reloads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -70,11 +71,15 @@ class Checkpoint:
         )
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write the checkpoint, unless it already holds exactly this."""
         payload = json.dumps({
             "backends": self.backends.ids, "vips": self.vips.ids,
             "retired_backends": self.backends.retired, "retired_vips": self.vips.retired,
         }, indent=1)
+        with contextlib.suppress(OSError):
+            if self.path.read_text() == payload:
+                return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ids.")
         with os.fdopen(fd, "w") as f:
             f.write(payload)
