@@ -330,6 +330,34 @@ static int valid_backend_ref(__u32 b)
 	return b < LB_MAX_BACKENDS || b == LB_NO_BACKEND;
 }
 
+/* Writes an all-LB_NO_BACKEND ring for vip_id (through the scratch ring). */
+static int write_empty_ring(struct lb_proto_server *srv, __u32 vip_id)
+{
+	for (__u32 i = 0; i < srv->st.config.ring_size; i++)
+		srv->scratch_ring[i] = LB_NO_BACKEND;
+	return srv->ops->write_ring(srv->ctx, vip_id, srv->scratch_ring);
+}
+
+/* Field 'slots' (ring_size little-endian u32 backend ids) validated into dst. */
+static int stage_slots(struct req *r, __u32 *dst)
+{
+	__u32 rs = r->srv->st.config.ring_size;
+	const __u8 *data;
+	size_t len;
+
+	if (get_bin(r, r->root, "", "slots", (size_t)rs * 4, &data, &len))
+		return -1;
+	for (__u32 i = 0; i < rs; i++) {
+		__u32 b = le32(data + (size_t)i * 4);
+
+		if (!valid_backend_ref(b))
+			return fail(r, "field 'slots': slot %u holds %u (must be < %u or "
+				    "0xffffffff)", i, b, LB_MAX_BACKENDS);
+		dst[i] = b;
+	}
+	return 0;
+}
+
 /* vip_id of a configured VIP. */
 static int get_vip_id(struct req *r, __u32 *vip_id)
 {
@@ -474,6 +502,7 @@ static int op_set_config(struct req *r)
 static int op_set_vip(struct req *r)
 {
 	struct lb_proto_server *srv = r->srv;
+	const msgpack_object *slots;
 	struct lb_vip_key key;
 	struct lb_vip_entry e;
 	__u32 *ring = NULL;
@@ -494,23 +523,44 @@ static int op_set_vip(struct req *r)
 	if (cur < 0 && srv->st.vips[vip_id].used)
 		return fail(r, "field 'vip_id': %llu is already used by another VIP",
 			    (unsigned long long)vip_id);
+	if (lookup(r, r->root, "", "slots", &slots))
+		return -1;
+	if (slots && cur >= 0)
+		return fail(r, "field 'slots': VIP %d exists, use set_ring or patch_ring", cur);
 	if (cur < 0) {
 		/* A new VIP: its ring in the data plane is all LB_NO_BACKEND
-		 * (initialised so, and reset by del_vip). */
+		 * (initialised so, and reset by del_vip), unless 'slots' gives it
+		 * one, written before the VIP goes live so that its first packet
+		 * already finds a backend. */
 		ring = malloc((size_t)srv->st.config.ring_size * sizeof(*ring));
 		if (!ring)
 			return fail(r, "out of memory for the ring of VIP %llu",
 				    (unsigned long long)vip_id);
 		for (__u32 i = 0; i < srv->st.config.ring_size; i++)
 			ring[i] = LB_NO_BACKEND;
+		if (slots && stage_slots(r, ring)) {
+			free(ring);
+			return -1;
+		}
+	}
+	if (slots) {
+		err = srv->ops->write_ring(srv->ctx, (__u32)vip_id, ring);
+		if (err) {
+			free(ring);
+			return fail_apply(r, "set_vip (ring)", err,
+					  write_empty_ring(srv, (__u32)vip_id));
+		}
 	}
 	memset(&e, 0, sizeof(e));
 	e.vip_id = (__u32)vip_id;
 	e.mode = (__u8)mode;
 	err = srv->ops->set_vip(srv->ctx, &key, &e);
 	if (err) {
-		/* One element update: either applied or not, nothing to undo. */
 		free(ring);
+		if (slots) /* the ring of a free vip_id is always empty */
+			return fail_apply(r, "set_vip", err,
+					  write_empty_ring(srv, (__u32)vip_id));
+		/* One element update: either applied or not, nothing to undo. */
 		return fail(r, "data plane failed to apply set_vip: %s", strerror(-err));
 	}
 	if (ring) {
@@ -536,9 +586,7 @@ static int op_del_vip(struct req *r)
 		return fail(r, "no VIP with this addr/port/proto");
 	/* Empty the ring first, then remove the VIP: a failure of either can be
 	 * undone, and the ring of a free vip_id is always empty. */
-	for (__u32 i = 0; i < srv->st.config.ring_size; i++)
-		srv->scratch_ring[i] = LB_NO_BACKEND;
-	err = srv->ops->write_ring(srv->ctx, (__u32)id, srv->scratch_ring);
+	err = write_empty_ring(srv, (__u32)id);
 	if (err)
 		return fail_apply(r, "del_vip (ring reset)", err,
 				  srv->ops->write_ring(srv->ctx, (__u32)id, srv->st.rings[id]));
@@ -641,23 +689,11 @@ static int op_set_backend_state(struct req *r)
 static int op_set_ring(struct req *r)
 {
 	struct lb_proto_server *srv = r->srv;
-	__u32 rs = srv->st.config.ring_size;
-	const __u8 *data;
 	__u32 vip_id, *tmp;
-	size_t len;
 	int err;
 
-	if (get_vip_id(r, &vip_id) ||
-	    get_bin(r, r->root, "", "slots", (size_t)rs * 4, &data, &len))
+	if (get_vip_id(r, &vip_id) || stage_slots(r, srv->scratch_ring))
 		return -1;
-	for (__u32 i = 0; i < rs; i++) {
-		__u32 b = le32(data + (size_t)i * 4);
-
-		if (!valid_backend_ref(b))
-			return fail(r, "field 'slots': slot %u holds %u (must be < %u or "
-				    "0xffffffff)", i, b, LB_MAX_BACKENDS);
-		srv->scratch_ring[i] = b;
-	}
 	err = srv->ops->write_ring(srv->ctx, vip_id, srv->scratch_ring);
 	if (err)
 		return fail_apply(r, "set_ring", err,

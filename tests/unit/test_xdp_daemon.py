@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.client import DataplaneClient, DataplaneError
 from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.dataplane.supervisor import find_xdp_daemon
 from tests.conformance.harness import base_tables
@@ -127,5 +127,28 @@ def test_a_weight_change_is_pushed_as_a_patch(netns: str, tmp_path: Path) -> Non
             assert (held.rings[vip_id] == ring).all()
         assert held.vips == second.vips and held.backends == second.backends
         assert push_tables(client, held, second).summary().endswith("patched_slots=0")
+    finally:
+        stop_daemon(proc, client)
+
+
+def test_set_vip_with_its_ring_goes_live_complete(netns: str, tmp_path: Path) -> None:
+    """A new VIP and its ring in one request: no moment with an empty ring.
+    A broken ring refuses the VIP; a ring for an existing VIP is refused."""
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    proc, client = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    try:
+        tables = base_tables()
+        client.set_backends(list(tables.backends.values()))
+        vip = tables.vips[0]
+        with pytest.raises(DataplaneError, match="slots"):
+            client.call("set_vip", vip_id=vip.vip_id, addr=vip.addr.packed, port=vip.port,
+                        proto=vip.proto, mode=0, slots=b"\x00" * 12)
+        assert client.dump()["vips"] == [], "a VIP with a broken ring is not added"
+        client.set_vip(vip, tables.rings[0])
+        assert (client.get_ring(0) == tables.rings[0]).all()
+        with pytest.raises(DataplaneError, match="exists"):
+            client.set_vip(vip, tables.rings[0][::-1].copy())
+        assert (client.get_ring(0) == tables.rings[0]).all()
     finally:
         stop_daemon(proc, client)

@@ -85,15 +85,15 @@ class DataplaneClient:
     def set_config(self, hash_key: bytes) -> None:
         self.call("set_config", hash_key=hash_key)
 
-    def set_vip(self, vip: Vip) -> None:
-        self.call(
-            "set_vip",
-            vip_id=vip.vip_id,
-            addr=vip.addr.packed,
-            port=vip.port,
-            proto=vip.proto,
-            mode=int(vip.mode),
-        )
+    def set_vip(self, vip: Vip, ring: np.ndarray | None = None) -> None:
+        """Add a VIP; with ``ring``, its ring is written before the VIP goes live."""
+        fields: dict[str, Any] = {
+            "vip_id": vip.vip_id, "addr": vip.addr.packed, "port": vip.port,
+            "proto": vip.proto, "mode": int(vip.mode),
+        }
+        if ring is not None:
+            fields["slots"] = ring.astype("<u4").tobytes()
+        self.call("set_vip", **fields)
 
     def del_vip(self, addr: ipaddress.IPv4Address, port: int, proto: int) -> None:
         self.call("del_vip", addr=addr.packed, port=port, proto=proto)

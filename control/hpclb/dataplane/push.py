@@ -4,9 +4,10 @@
 read back from the data plane when unknown) to ``desired`` with the fewest
 operations: the hash key if it changed; backends (a ring may only name
 backends the data plane knows); VIPs that went away or changed (deleted first,
-so that a key moving to another id is free); new and changed VIPs with their
-rings — a patch of the changed slots when the VIP already had a ring, so a
-weight change never rewrites 65537 slots; last, backends no longer configured
+so that a key moving to another id is free); new and changed VIPs together
+with their rings (the ring is written before the VIP goes live); for VIPs
+that stay, a patch of the changed slots, so a weight change never rewrites
+65537 slots; last, backends no longer configured
 become UNUSED, once no ring names them.
 """
 
@@ -73,12 +74,14 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
             client.del_vip(vip.addr, vip.port, vip.proto)
             report.vips_deleted += 1
     for vip_id, vip in desired.vips.items():
-        unchanged = old_vips.get(vip_id) == vip
-        if not unchanged:
-            client.set_vip(vip)
-            report.vips_set += 1
         ring = desired.rings[vip_id]
-        old_ring = current.rings.get(vip_id) if unchanged else None
+        if old_vips.get(vip_id) != vip:
+            # The ring travels with the VIP: no packet finds the VIP ringless.
+            client.set_vip(vip, ring)
+            report.vips_set += 1
+            report.rings_full += 1
+            continue
+        old_ring = current.rings.get(vip_id)
         if old_ring is None:
             client.set_ring(vip_id, ring)
             report.rings_full += 1
