@@ -194,7 +194,10 @@ def check_sample(sample: NodeSample, now: float, policy: WeightPolicy) -> str | 
 
     Does not know the node's history, so cannot see ``out_of_order``.
     """
-    values = [sample.time, sample.cpu_load, sample.mem_used, sample.mem_total]
+    # Not the time: any clock value can be right; the stale/future checks judge it.
+    if not math.isfinite(sample.time):
+        return "non_finite"
+    values = [sample.cpu_load, sample.mem_used, sample.mem_total]
     if sample.rtt_ms is not None:
         values.append(sample.rtt_ms)
     for g in sample.gpus:
@@ -311,7 +314,7 @@ class WeightTracker:
         """Take a sample received at ``now`` (the appliance's clock); True if accepted."""
         reason = check_sample(sample, now, self.policy)
         node = self._nodes.get(sample.node)
-        t_us = _us(sample.time)
+        t_us = 0 if reason is not None else _us(sample.time)  # time may be NaN if rejected
         if reason is None and node is not None and node.last_time_us is not None \
                 and t_us <= node.last_time_us:
             # Equal counts too: a replayed message must not be averaged in twice.
