@@ -789,16 +789,24 @@ static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 	msgpack_pack_uint8(pk, v->mode);
 }
 
+/* How many VIPs and backends are configured (the array lengths of replies). */
+static void count_configured(const struct lb_proto_state *st, uint32_t *nv, uint32_t *nb)
+{
+	*nv = 0;
+	*nb = 0;
+	for (__u32 i = 0; i < LB_MAX_VIPS; i++)
+		*nv += st->vips[i].used;
+	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++)
+		*nb += st->backends[i].state != LB_BACKEND_UNUSED;
+}
+
 static int op_dump(struct req *r)
 {
 	const struct lb_proto_state *st = &r->srv->st;
 	msgpack_packer *pk = &r->pk;
-	uint32_t nv = 0, nb = 0;
+	uint32_t nv, nb;
 
-	for (__u32 i = 0; i < LB_MAX_VIPS; i++)
-		nv += st->vips[i].used;
-	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++)
-		nb += st->backends[i].state != LB_BACKEND_UNUSED;
+	count_configured(st, &nv, &nb);
 	field(r, "hash_key");
 	pack_bin(pk, st->config.hash_key, LB_HASH_KEY_LEN);
 	field(r, "ring_size");
@@ -843,7 +851,7 @@ static int op_stats(struct req *r)
 	struct lb_proto_server *srv = r->srv;
 	const struct lb_proto_state *st = &srv->st;
 	msgpack_packer *pk = &r->pk;
-	uint32_t nv = 0, nb = 0;
+	uint32_t nv, nb;
 	int err;
 
 	memset(srv->c_global, 0, sizeof(srv->c_global));
@@ -852,10 +860,7 @@ static int op_stats(struct req *r)
 	err = srv->ops->read_stats(srv->ctx, srv->c_global, srv->c_vips, srv->c_backends);
 	if (err)
 		return fail(r, "data plane failed to read stats: %s", strerror(-err));
-	for (__u32 i = 0; i < LB_MAX_VIPS; i++)
-		nv += st->vips[i].used;
-	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++)
-		nb += st->backends[i].state != LB_BACKEND_UNUSED;
+	count_configured(st, &nv, &nb);
 	field(r, "counters");
 	msgpack_pack_map(pk, LB_STAT_MAX);
 	for (__u32 i = 0; i < LB_STAT_MAX; i++) {
