@@ -57,6 +57,8 @@ from typing import IO, Any
 
 from pyroute2 import NetNS, netns
 
+from hpclb.dataplane.supervisor import stop_child
+
 LAN_PREFIXLEN = 24
 CLIENT_IP = "198.18.0.2"
 LB_IP = "198.18.0.3"
@@ -584,13 +586,7 @@ class Lab:
 
 
 def _terminate(proc: subprocess.Popen[str], grace: float = 3.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace)
+    stop_child(proc, timeout_s=grace)
     for stream in (proc.stdout, proc.stderr, proc.stdin):
         if stream is not None:
             with contextlib.suppress(OSError):

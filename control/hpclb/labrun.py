@@ -87,7 +87,7 @@ class LabAppliance:
 
     def start(self, timeout_s: float = 30.0) -> None:
         self._write_config()
-        before = self._pushes()
+        before = self.pushes()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpclb.cli", "run", "-c", str(self.config_path),
@@ -95,17 +95,18 @@ class LabAppliance:
                  "--run-dir", str(self.workdir / "run")],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             )
-        self._wait_pushes(before + 1, timeout_s)
+        self.wait_pushes(before + 1, timeout_s)
 
-    def _pushes(self) -> int:
+    def pushes(self) -> int:
+        """How many table pushes `hpclb run` has logged so far."""
         try:
             return self.log_path.read_text().count("pushed tables")
         except FileNotFoundError:
             return 0
 
-    def _wait_pushes(self, count: int, timeout_s: float) -> None:
+    def wait_pushes(self, count: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while self._pushes() < count:
+        while self.pushes() < count:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LabApplianceError(f"hpclb run exited:\n{self.log_text()}")
             if time.monotonic() > deadline:
@@ -116,13 +117,6 @@ class LabAppliance:
         """pid of the data plane `hpclb run` supervises (from its pid file)."""
         return int((self.workdir / "run" / f"{self.name}.pid").read_text().strip())
 
-    def pushes(self) -> int:
-        """How many table pushes `hpclb run` has logged so far."""
-        return self._pushes()
-
-    def wait_pushes(self, count: int, timeout_s: float = 30.0) -> None:
-        self._wait_pushes(count, timeout_s)
-
     def log_text(self) -> str:
         try:
             return self.log_path.read_text()[-4000:]
@@ -132,10 +126,10 @@ class LabAppliance:
     def reload(self, timeout_s: float = 15.0) -> None:
         """Rewrite the configuration, SIGHUP `hpclb run`, wait for its push."""
         assert self.proc is not None
-        before = self._pushes()
+        before = self.pushes()
         self._write_config()
         self.proc.send_signal(signal.SIGHUP)
-        self._wait_pushes(before + 1, timeout_s)
+        self.wait_pushes(before + 1, timeout_s)
 
     def set_weight(self, name: str, weight: float) -> None:
         self.weights[name] = weight

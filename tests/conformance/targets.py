@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Protocol
 
 from hpclb.dataplane.bpf_testrun import PinnedXdpProgram
-from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.push import push_tables
-from hpclb.dataplane.supervisor import find_xdp_daemon, stop_child
+from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
 from hpclb.dataplane.tables import TableSet, mac_str
 
 
@@ -54,42 +52,29 @@ class XdpTarget:
         tag = uuid.uuid4().hex[:8]
         self.netns = f"hlbc-{tag}"
         self.pin_dir = f"/sys/fs/bpf/hpclb/conf-{tag}"
-        self.endpoint = f"ipc://{workdir}/dp.sock"
-        self.log_path = workdir / "hpclb-xdp.log"
+        endpoint = f"ipc://{workdir}/dp.sock"
+        self.dataplane = DataplaneProcess(
+            argv=[find_xdp_daemon(), "--netns", self.netns, "--iface", "in0", "--egress",
+                  "out0", "--no-attach", "--pin-dir", self.pin_dir, "--socket", endpoint],
+            endpoint=endpoint,
+            pidfile=workdir / "hpclb-xdp.pid",
+            log_path=workdir / "hpclb-xdp.log",
+        )
+        self.client = self.dataplane.client
         _sh("ip", "netns", "add", self.netns)
-        self.proc: subprocess.Popen[bytes] | None = None
         try:
             for a, b in (("in0", "in1"), ("out0", "out1")):
                 _sh("ip", "-n", self.netns, "link", "add", a, "type", "veth", "peer", "name", b)
                 _sh("ip", "-n", self.netns, "link", "set", a, "up")
                 _sh("ip", "-n", self.netns, "link", "set", b, "up")
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    [find_xdp_daemon(), "--netns", self.netns, "--iface", "in0",
-                     "--egress", "out0", "--no-attach", "--pin-dir", self.pin_dir,
-                     "--socket", self.endpoint],
-                    stdout=log, stderr=log,
-                )
-            self.client = DataplaneClient(self.endpoint, timeout_s=5.0)
-            hello = self._wait_hello()
+            self.dataplane.start()  # returns once the daemon answers hello
+            hello = self.client.hello()
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
             self.prog = PinnedXdpProgram(f"{self.pin_dir}/lb_xdp")
             self._affinity = os.sched_getaffinity(0)
         except BaseException:
             self.close()
             raise
-
-    def _wait_hello(self) -> dict:
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"hpclb-xdp exited: {self.log_path.read_text()}")
-            try:
-                return self.client.hello()
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
     def set_cpu(self, cpu: int) -> None:
         """Run the next frames on ``cpu`` (as RSS would steer another queue)."""
@@ -107,10 +92,7 @@ class XdpTarget:
     def close(self) -> None:
         if hasattr(self, "prog"):
             self.prog.close()
-        if hasattr(self, "client"):
-            self.client.close()
-        if self.proc is not None:
-            stop_child(self.proc)
+        self.dataplane.stop()
         if hasattr(self, "_affinity"):
             os.sched_setaffinity(0, self._affinity)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)

@@ -4,18 +4,16 @@ pushes that change only what changed."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpclb.dataplane.client import DataplaneClient, DataplaneError
+from hpclb.dataplane.client import DataplaneError
 from hpclb.dataplane.push import fetch_tables, push_tables
-from hpclb.dataplane.supervisor import find_xdp_daemon
+from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
 from tests.conformance.harness import base_tables
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -37,50 +35,38 @@ def ip(netns: str, *args: str) -> str:
                           text=True).stdout
 
 
-def start_daemon(netns: str, iface: str, tmp: Path, *extra: str) -> tuple[subprocess.Popen[str],
-                                                                           DataplaneClient]:
+def start_daemon(netns: str, iface: str, tmp: Path, *extra: str) -> DataplaneProcess:
+    """hpclb-xdp in ``netns``, started the way the controller starts it."""
     endpoint = f"ipc://{tmp}/dp.sock"
-    proc = subprocess.Popen(
-        [find_xdp_daemon(), "--netns", netns, "--iface", iface, "--socket", endpoint,
-         "--pin-dir", f"/sys/fs/bpf/hpclb/test-{netns}", *extra],
-        stderr=subprocess.PIPE, text=True)  # small: a few lines per start/stop
-    client = DataplaneClient(endpoint, timeout_s=2.0)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.hello()
-            return proc, client
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"daemon did not start: {proc.communicate()[1]}") from None
-            time.sleep(0.1)
+    dataplane = DataplaneProcess(
+        argv=[find_xdp_daemon(), "--netns", netns, "--iface", iface, "--socket", endpoint,
+              "--pin-dir", f"/sys/fs/bpf/hpclb/test-{netns}", *extra],
+        endpoint=endpoint, pidfile=tmp / "hpclb-xdp.pid", log_path=tmp / "hpclb-xdp.log",
+    )
+    dataplane.start()  # returns once it answers hello
+    return dataplane
 
 
-def stop_daemon(proc: subprocess.Popen[str], client: DataplaneClient) -> str:
-    """SIGTERM the daemon (SIGKILL if it hangs) and return its log."""
-    client.close()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-    assert proc.returncode == 0, err
-    return err
+def stop_daemon(dataplane: DataplaneProcess) -> str:
+    """SIGTERM the daemon (SIGKILL if it hangs); it must exit 0. Returns its log."""
+    dataplane.stop()
+    log = dataplane.log_path.read_text() if dataplane.log_path else ""
+    assert dataplane.returncode == 0, log
+    return log
 
 
 def test_native_on_veth_and_clean_detach_on_sigterm(netns: str, tmp_path: Path) -> None:
     ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
     ip(netns, "link", "set", "va", "up")
     ip(netns, "link", "set", "vb", "up")
-    proc, client = start_daemon(netns, "va", tmp_path)
+    dataplane = start_daemon(netns, "va", tmp_path)
+    client = dataplane.client
     try:
         assert client.hello()["attach_mode"] == "native"
         assert "xdp" in ip(netns, "link", "show", "va")
         assert Path(f"/sys/fs/bpf/hpclb/test-{netns}/lb_xdp").exists(), "program pinned"
     finally:
-        stop_daemon(proc, client)
+        stop_daemon(dataplane)
     assert "xdp" not in ip(netns, "link", "show", "va"), "detached on SIGTERM"
     assert not Path(f"/sys/fs/bpf/hpclb/test-{netns}").exists(), "pins removed"
 
@@ -89,12 +75,13 @@ def test_falls_back_to_generic_with_a_log_line(netns: str, tmp_path: Path) -> No
     # A bridge has no native XDP support (and, unlike dummy, needs no module).
     ip(netns, "link", "add", "d0", "type", "bridge")
     ip(netns, "link", "set", "d0", "up")
-    proc, client = start_daemon(netns, "d0", tmp_path)
+    dataplane = start_daemon(netns, "d0", tmp_path)
+    client = dataplane.client
     try:
         assert client.hello()["attach_mode"] == "generic"
         assert "xdpgeneric" in ip(netns, "link", "show", "d0")
     finally:
-        err = stop_daemon(proc, client)
+        err = stop_daemon(dataplane)
     assert "falling back to generic" in err
 
 
@@ -113,7 +100,8 @@ def test_native_only_refuses_to_fall_back(netns: str, tmp_path: Path) -> None:
 def test_a_weight_change_is_pushed_as_a_patch(netns: str, tmp_path: Path) -> None:
     ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
     ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
-    proc, client = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    dataplane = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    client = dataplane.client
     try:
         first = base_tables()
         report = push_tables(client, None, first)
@@ -128,7 +116,7 @@ def test_a_weight_change_is_pushed_as_a_patch(netns: str, tmp_path: Path) -> Non
         assert held.vips == second.vips and held.backends == second.backends
         assert push_tables(client, held, second).summary().endswith("patched_slots=0")
     finally:
-        stop_daemon(proc, client)
+        stop_daemon(dataplane)
 
 
 def test_set_vip_with_its_ring_goes_live_complete(netns: str, tmp_path: Path) -> None:
@@ -136,7 +124,8 @@ def test_set_vip_with_its_ring_goes_live_complete(netns: str, tmp_path: Path) ->
     A broken ring refuses the VIP; a ring for an existing VIP is refused."""
     ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
     ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
-    proc, client = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    dataplane = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    client = dataplane.client
     try:
         tables = base_tables()
         client.set_backends(list(tables.backends.values()))
@@ -151,4 +140,4 @@ def test_set_vip_with_its_ring_goes_live_complete(netns: str, tmp_path: Path) ->
             client.set_vip(vip, tables.rings[0][::-1].copy())
         assert (client.get_ring(0) == tables.rings[0]).all()
     finally:
-        stop_daemon(proc, client)
+        stop_daemon(dataplane)

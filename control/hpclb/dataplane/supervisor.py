@@ -115,6 +115,11 @@ class DataplaneProcess:
                 time.sleep(0.1)
         raise DataplaneError(f"data plane did not answer on {self.endpoint} in time")
 
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of the data plane this object started, once it exited."""
+        return self._proc.returncode if self._proc is not None else None
+
     def alive(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None
