@@ -72,7 +72,7 @@ class Paths:
         )
 
 
-def xdp_argv(config: HpclbConfig, paths: Paths) -> list[str]:
+def xdp_argv(config: HpclbConfig) -> list[str]:
     """Command line of the XDP daemon for this configuration."""
     app = config.appliance
     argv = [
@@ -131,7 +131,7 @@ class Controller:
         self.current: TableSet | None = None
         self.macs: dict[ipaddress.IPv4Address, str] = {}
         self.dataplane = DataplaneProcess(
-            argv=xdp_argv(self.config, self.paths),
+            argv=xdp_argv(self.config),
             endpoint=self.config.appliance.control_socket,
             pidfile=self.paths.run_dir / f"{self.config.appliance.name}.pid",
             log_path=self.paths.run_dir / f"{self.config.appliance.name}.dataplane.log",
@@ -237,7 +237,7 @@ class Controller:
         except ConfigError as err:
             log.error("reload refused, keeping the running configuration:\n%s", err)
             return False
-        if xdp_argv(config, self.paths) != self.dataplane.argv:
+        if xdp_argv(config) != self.dataplane.argv:
             log.warning("interface, socket or ring settings changed: restart hpclb to apply "
                         "them; applying the rest now")
             kept = self.config.appliance.model_copy(update={"hash_key": config.appliance.hash_key})
