@@ -38,34 +38,15 @@
 
 #include "lb.skel.h"
 #include "lb_proto.h"
+#include "lb_channel.h"
+#include "lb_host.h"
+#include "lb_log.h"
 #include "xdp_tables.h"
 
 #define PROG "hpclb-xdp"
 #define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
 #define POLL_MS 200                 /* signal latency bound */
-#define SEND_TIMEOUT_MS 1000        /* a stuck peer cannot block the loop */
-#define HARD_MAX_MSG (4ll * LB_MAX_MSG_BYTES) /* beyond this zmq drops the peer */
 #define MAX_FLOWS_OPT (1u << 28)
-
-enum { LOG_ERR, LOG_WARN, LOG_INFO, LOG_DEBUG };
-static int log_level = LOG_INFO;
-
-static void logmsg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void logmsg(int level, const char *fmt, ...)
-{
-	static const char *const tag[] = { "error: ", "warning: ", "", "debug: " };
-	char line[1024];
-	va_list ap;
-
-	if (level > log_level)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	/* One write per line, so lines from concurrent writers do not interleave. */
-	fprintf(stderr, PROG ": %s%s\n", tag[level], line);
-}
 
 /* While set, libbpf's warnings are kept here instead of logged, so that a
  * failed native attach is reported in one line with the kernel's reason. */
@@ -76,9 +57,9 @@ static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap
 {
 	char line[1024];
 	size_t n;
-	int ours = level == LIBBPF_WARN ? LOG_WARN : LOG_DEBUG;
+	int ours = level == LIBBPF_WARN ? LB_LOG_WARN : LB_LOG_DEBUG;
 
-	if (ours > log_level && !(libbpf_capture && level == LIBBPF_WARN))
+	if (!lb_log_enabled(ours) && !(libbpf_capture && level == LIBBPF_WARN))
 		return 0;
 	vsnprintf(line, sizeof(line), fmt, ap);
 	n = strlen(line);
@@ -91,7 +72,7 @@ static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap
 			 msg ? msg + strlen("Kernel error message: ") : line);
 		return 0;
 	}
-	logmsg(ours, "%s", line); /* libbpf's lines start with "libbpf: " */
+	lb_log(ours, "%s", line); /* libbpf's lines start with "libbpf: " */
 	return 0;
 }
 
@@ -127,34 +108,6 @@ static void usage(FILE *f)
 		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS);
 }
 
-static int is_prime(__u32 n)
-{
-	if (n < 3 || n % 2 == 0)
-		return n == 2;
-	for (__u32 d = 3; d <= n / d; d += 2)
-		if (n % d == 0)
-			return 0;
-	return 1;
-}
-
-static int parse_u32(const char *s, __u32 *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *end || s[0] == '-' || v > UINT32_MAX)
-		return -1;
-	*out = (__u32)v;
-	return 0;
-}
-
-static int valid_ifname(const char *s)
-{
-	return s[0] && strlen(s) < IFNAMSIZ && !strchr(s, '/');
-}
-
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
@@ -171,7 +124,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	static const char *const levels[] = { "error", "warn", "info", "debug" };
 	int c;
 
 	memset(o, 0, sizeof(*o));
@@ -186,7 +138,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case 'e':
 			if (o->negress == LB_MAX_PORTS - 1) {
-				logmsg(LOG_ERR, "at most %d --egress interfaces", LB_MAX_PORTS - 1);
+				lb_log(LB_LOG_ERR, "at most %d --egress interfaces", LB_MAX_PORTS - 1);
 				return -1;
 			}
 			o->egress[o->negress++] = optarg;
@@ -198,17 +150,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->socket = optarg;
 			break;
 		case 'r':
-			if (parse_u32(optarg, &o->ring_size) || !is_prime(o->ring_size) ||
-			    o->ring_size < 3 || o->ring_size > LB_RING_SIZE_MAX) {
-				logmsg(LOG_ERR, "--ring-size must be a prime in 3..%u, got '%s'",
+			if (lb_parse_u32(optarg, &o->ring_size) || !lb_valid_ring_size(o->ring_size)) {
+				lb_log(LB_LOG_ERR, "--ring-size must be a prime in 3..%u, got '%s'",
 				       LB_RING_SIZE_MAX, optarg);
 				return -1;
 			}
 			break;
 		case 'f':
-			if (parse_u32(optarg, &o->flow_table_size) || o->flow_table_size < 1 ||
+			if (lb_parse_u32(optarg, &o->flow_table_size) || o->flow_table_size < 1 ||
 			    o->flow_table_size > MAX_FLOWS_OPT) {
-				logmsg(LOG_ERR, "--flow-table-size must be in 1..%u, got '%s'",
+				lb_log(LB_LOG_ERR, "--flow-table-size must be in 1..%u, got '%s'",
 				       MAX_FLOWS_OPT, optarg);
 				return -1;
 			}
@@ -216,7 +167,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'm':
 			if (strcmp(optarg, "auto") && strcmp(optarg, "native") &&
 			    strcmp(optarg, "generic")) {
-				logmsg(LOG_ERR, "--xdp-mode must be auto, native or generic");
+				lb_log(LB_LOG_ERR, "--xdp-mode must be auto, native or generic");
 				return -1;
 			}
 			o->xdp_mode = optarg;
@@ -224,7 +175,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'p':
 			if (snprintf(o->pin_dir, sizeof(o->pin_dir), "%s", optarg) >=
 			    (int)sizeof(o->pin_dir)) {
-				logmsg(LOG_ERR, "--pin-dir too long");
+				lb_log(LB_LOG_ERR, "--pin-dir too long");
 				return -1;
 			}
 			break;
@@ -232,13 +183,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->no_attach = 1;
 			break;
 		case 'l':
-			log_level = -1;
-			for (int i = 0; i < 4; i++)
-				if (!strcmp(optarg, levels[i]))
-					log_level = i;
-			if (log_level < 0) {
-				log_level = LOG_INFO;
-				logmsg(LOG_ERR, "--log-level must be error, warn, info or debug");
+			if (lb_log_set_level_name(optarg)) {
+				lb_log(LB_LOG_ERR, "--log-level must be error, warn, info or debug");
 				return -1;
 			}
 			break;
@@ -251,27 +197,26 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		}
 	}
 	if (optind < argc) {
-		logmsg(LOG_ERR, "unexpected argument '%s'", argv[optind]);
+		lb_log(LB_LOG_ERR, "unexpected argument '%s'", argv[optind]);
 		return -1;
 	}
 	if (!o->iface) {
-		logmsg(LOG_ERR, "--iface is required");
+		lb_log(LB_LOG_ERR, "--iface is required");
 		usage(stderr);
 		return -1;
 	}
-	if (!valid_ifname(o->iface)) {
-		logmsg(LOG_ERR, "bad interface name '%s'", o->iface);
+	if (!lb_valid_ifname(o->iface)) {
+		lb_log(LB_LOG_ERR, "bad interface name '%s'", o->iface);
 		return -1;
 	}
 	for (int i = 0; i < o->negress; i++) {
-		if (!valid_ifname(o->egress[i])) {
-			logmsg(LOG_ERR, "bad interface name '%s'", o->egress[i]);
+		if (!lb_valid_ifname(o->egress[i])) {
+			lb_log(LB_LOG_ERR, "bad interface name '%s'", o->egress[i]);
 			return -1;
 		}
 	}
-	if (o->netns && (!o->netns[0] || strchr(o->netns, '/') || !strcmp(o->netns, ".") ||
-			 !strcmp(o->netns, ".."))) {
-		logmsg(LOG_ERR, "bad --netns name '%s'", o->netns);
+	if (o->netns && !lb_valid_netns(o->netns)) {
+		lb_log(LB_LOG_ERR, "bad --netns name '%s'", o->netns);
 		return -1;
 	}
 	if (!o->pin_dir[0])
@@ -281,77 +226,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 /* ---- environment ------------------------------------------------------- */
 
-static int enter_netns(const char *name)
-{
-	char path[PATH_MAX];
-	int fd, err = 0;
-
-	snprintf(path, sizeof(path), "/run/netns/%s", name);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		logmsg(LOG_ERR, "cannot open network namespace %s: %s", path, strerror(errno));
-		return -1;
-	}
-	if (setns(fd, CLONE_NEWNET) < 0) {
-		logmsg(LOG_ERR, "setns(%s): %s", path, strerror(errno));
-		err = -1;
-	}
-	close(fd);
-	if (!err)
-		logmsg(LOG_INFO, "entered network namespace %s", name);
-	return err;
-}
-
-/* ifindex and MAC of an interface of the current network namespace (an
- * ioctl on a socket made here: /sys/class/net still shows the old one). */
-static int get_port(const char *ifname, struct lb_proto_port *p)
-{
-	struct ifreq ifr;
-	int fd, err = 0;
-
-	memset(p, 0, sizeof(*p));
-	snprintf(p->ifname, sizeof(p->ifname), "%s", ifname);
-	p->ifindex = if_nametoindex(ifname);
-	if (!p->ifindex) {
-		logmsg(LOG_ERR, "interface %s: %s", ifname, strerror(errno));
-		return -1;
-	}
-	fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		logmsg(LOG_ERR, "socket: %s", strerror(errno));
-		return -1;
-	}
-	memset(&ifr, 0, sizeof(ifr));
-	snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname);
-	if (ioctl(fd, SIOCGIFHWADDR, &ifr) < 0) {
-		logmsg(LOG_ERR, "interface %s: no hardware address: %s", ifname, strerror(errno));
-		err = -1;
-	} else {
-		memcpy(p->mac, ifr.ifr_hwaddr.sa_data, 6);
-	}
-	close(fd);
-	return err;
-}
-
-static int mkdir_p(const char *path, mode_t mode)
-{
-	char buf[PATH_MAX];
-	size_t n = strlen(path);
-
-	if (n == 0 || n >= sizeof(buf))
-		return -ENAMETOOLONG;
-	memcpy(buf, path, n + 1);
-	for (size_t i = 1; i <= n; i++) {
-		if (buf[i] != '/' && buf[i] != '\0')
-			continue;
-		buf[i] = '\0';
-		if (mkdir(buf, mode) < 0 && errno != EEXIST)
-			return -errno;
-		buf[i] = i == n ? '\0' : '/';
-	}
-	return 0;
-}
-
 static int ensure_bpffs(void)
 {
 	struct statfs sf;
@@ -359,10 +233,10 @@ static int ensure_bpffs(void)
 	if (statfs("/sys/fs/bpf", &sf) == 0 && sf.f_type == BPF_FS_MAGIC)
 		return 0;
 	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700") < 0) {
-		logmsg(LOG_ERR, "mounting bpffs at /sys/fs/bpf: %s", strerror(errno));
+		lb_log(LB_LOG_ERR, "mounting bpffs at /sys/fs/bpf: %s", strerror(errno));
 		return -1;
 	}
-	logmsg(LOG_INFO, "mounted bpffs at /sys/fs/bpf");
+	lb_log(LB_LOG_INFO, "mounted bpffs at /sys/fs/bpf");
 	return 0;
 }
 
@@ -381,13 +255,13 @@ static int lock_pin_dir(const char *pin_dir, char *path, size_t pathlen)
 	for (char *c = name; *c; c++)
 		if (*c == '/')
 			*c = '_';
-	err = mkdir_p("/run/hpclb/locks", 0700);
+	err = lb_mkdir_p("/run/hpclb/locks", 0700);
 	if (err) {
-		logmsg(LOG_ERR, "cannot create /run/hpclb/locks: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "cannot create /run/hpclb/locks: %s", strerror(-err));
 		return -1;
 	}
 	if (snprintf(path, pathlen, "/run/hpclb/locks/%s.lock", name) >= (int)pathlen) {
-		logmsg(LOG_ERR, "pin directory name too long");
+		lb_log(LB_LOG_ERR, "pin directory name too long");
 		return -1;
 	}
 	for (int tries = 0; tries < 8; tries++) {
@@ -395,11 +269,11 @@ static int lock_pin_dir(const char *pin_dir, char *path, size_t pathlen)
 		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 
 		if (fd < 0) {
-			logmsg(LOG_ERR, "opening %s: %s", path, strerror(errno));
+			lb_log(LB_LOG_ERR, "opening %s: %s", path, strerror(errno));
 			return -1;
 		}
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-			logmsg(LOG_ERR, "another " PROG " serves %s (%s is locked)", pin_dir, path);
+			lb_log(LB_LOG_ERR, "another " PROG " serves %s (%s is locked)", pin_dir, path);
 			close(fd);
 			return -1;
 		}
@@ -408,7 +282,7 @@ static int lock_pin_dir(const char *pin_dir, char *path, size_t pathlen)
 			return fd;
 		close(fd); /* we locked a file its owner just removed */
 	}
-	logmsg(LOG_ERR, "cannot lock %s", path);
+	lb_log(LB_LOG_ERR, "cannot lock %s", path);
 	return -1;
 }
 
@@ -460,7 +334,7 @@ static int check_pins(struct lb_bpf *skel, const char *dir)
 		    info.value_size != bpf_map__value_size(m) ||
 		    info.max_entries != bpf_map__max_entries(m) ||
 		    info.map_flags != bpf_map__map_flags(m)) {
-			logmsg(LOG_INFO, "pinned map %s does not match this program", path);
+			lb_log(LB_LOG_INFO, "pinned map %s does not match this program", path);
 			bad++;
 		}
 		close(fd);
@@ -469,7 +343,7 @@ static int check_pins(struct lb_bpf *skel, const char *dir)
 		return 0;
 	if (bad || missing) {
 		if (missing)
-			logmsg(LOG_INFO, "%d maps missing from %s", missing, dir);
+			lb_log(LB_LOG_INFO, "%d maps missing from %s", missing, dir);
 		return -1;
 	}
 	return 1;
@@ -512,7 +386,7 @@ static int pin_maps(struct lb_bpf *skel, const char *dir)
 		pin_path(path, sizeof(path), dir, bpf_map__name(m));
 		err = bpf_map__pin(m, path);
 		if (err) {
-			logmsg(LOG_ERR, "pinning %s: %s", path, strerror(-err));
+			lb_log(LB_LOG_ERR, "pinning %s: %s", path, strerror(-err));
 			return err;
 		}
 	}
@@ -529,11 +403,11 @@ static void remove_pins(struct lb_bpf *skel, const char *dir)
 			continue;
 		pin_path(path, sizeof(path), dir, bpf_map__name(m));
 		if (unlink(path) < 0 && errno != ENOENT)
-			logmsg(LOG_WARN, "unlink %s: %s", path, strerror(errno));
+			lb_log(LB_LOG_WARN, "unlink %s: %s", path, strerror(errno));
 	}
 	pin_path(path, sizeof(path), dir, "lb_xdp");
 	if (unlink(path) < 0 && errno != ENOENT)
-		logmsg(LOG_WARN, "unlink %s: %s", path, strerror(errno));
+		lb_log(LB_LOG_WARN, "unlink %s: %s", path, strerror(errno));
 }
 
 /* Opens the skeleton sized by the options. Pins are handled by hand
@@ -546,14 +420,14 @@ static struct lb_bpf *open_skel(const struct opts *o)
 	int err;
 
 	if (!skel) {
-		logmsg(LOG_ERR, "opening the BPF object: %s", strerror(errno));
+		lb_log(LB_LOG_ERR, "opening the BPF object: %s", strerror(errno));
 		return NULL;
 	}
 	err = bpf_map__set_max_entries(skel->maps.ring_map, LB_MAX_VIPS * o->ring_size);
 	if (!err)
 		err = bpf_map__set_max_entries(skel->maps.flow_map, o->flow_table_size);
 	if (err) {
-		logmsg(LOG_ERR, "configuring the BPF object: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "configuring the BPF object: %s", strerror(-err));
 		lb_bpf__destroy(skel);
 		return NULL;
 	}
@@ -573,23 +447,23 @@ static int attach(int ifindex, int prog_fd, const char *iface, const char *mode,
 		err = bpf_xdp_attach(ifindex, prog_fd, *flags, NULL);
 		libbpf_capture = 0;
 		if (!err) {
-			logmsg(LOG_INFO, "attached to %s in native mode", iface);
+			lb_log(LB_LOG_INFO, "attached to %s in native mode", iface);
 			return 0;
 		}
 		if (!strcmp(mode, "native")) {
-			logmsg(LOG_ERR, "native XDP attach to %s failed: %s%s%s", iface,
+			lb_log(LB_LOG_ERR, "native XDP attach to %s failed: %s%s%s", iface,
 			       strerror(-err), libbpf_last[0] ? ": " : "", libbpf_last);
 			return err;
 		}
-		logmsg(LOG_WARN, "native XDP attach to %s failed (%s%s%s), falling back to generic",
+		lb_log(LB_LOG_WARN, "native XDP attach to %s failed (%s%s%s), falling back to generic",
 		       iface, strerror(-err), libbpf_last[0] ? ": " : "", libbpf_last);
 	}
 	*flags = XDP_FLAGS_SKB_MODE;
 	err = bpf_xdp_attach(ifindex, prog_fd, *flags, NULL);
 	if (err)
-		logmsg(LOG_ERR, "generic XDP attach to %s failed: %s", iface, strerror(-err));
+		lb_log(LB_LOG_ERR, "generic XDP attach to %s failed: %s", iface, strerror(-err));
 	else
-		logmsg(LOG_INFO, "attached to %s in generic mode", iface);
+		lb_log(LB_LOG_INFO, "attached to %s in generic mode", iface);
 	return err;
 }
 
@@ -600,140 +474,12 @@ static void detach(int ifindex, int prog_fd, __u32 flags, const char *iface)
 	int err = bpf_xdp_detach(ifindex, flags | XDP_FLAGS_REPLACE, &ao);
 
 	if (err)
-		logmsg(LOG_WARN, "detaching from %s: %s", iface, strerror(-err));
+		lb_log(LB_LOG_WARN, "detaching from %s: %s", iface, strerror(-err));
 	else
-		logmsg(LOG_INFO, "detached from %s", iface);
+		lb_log(LB_LOG_INFO, "detached from %s", iface);
 }
 
 /* ---- control socket ---------------------------------------------------- */
-
-/* zmq's ipc bind silently replaces an existing socket file, which would steal
- * the endpoint of a running daemon: refuse when something answers there. */
-static int ipc_in_use(const char *path)
-{
-	struct sockaddr_un sun;
-	int fd, in_use;
-
-	if (strlen(path) >= sizeof(sun.sun_path))
-		return 0; /* zmq_bind will report it */
-	memset(&sun, 0, sizeof(sun));
-	sun.sun_family = AF_UNIX;
-	memcpy(sun.sun_path, path, strlen(path));
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return 0;
-	in_use = connect(fd, (struct sockaddr *)&sun, sizeof(sun)) == 0;
-	close(fd);
-	return in_use;
-}
-
-static void *open_socket(void *zctx, const char *endpoint)
-{
-	void *s = zmq_socket(zctx, ZMQ_REP);
-	int linger = 0, sndtimeo = SEND_TIMEOUT_MS;
-	int64_t maxmsg = HARD_MAX_MSG;
-	const char *path = NULL;
-	mode_t old_umask;
-	int rc;
-
-	if (!s) {
-		logmsg(LOG_ERR, "zmq_socket: %s", zmq_strerror(errno));
-		return NULL;
-	}
-	zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-	zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof(sndtimeo));
-	/* Up to LB_MAX_MSG_BYTES a request is served; above it, up to the hard
-	 * cap, it gets an error reply; above that zmq drops the connection. */
-	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
-	if (!strncmp(endpoint, "ipc://", 6)) {
-		char dir[PATH_MAX];
-		char *slash;
-
-		path = endpoint + 6;
-		snprintf(dir, sizeof(dir), "%s", path);
-		slash = strrchr(dir, '/');
-		if (slash && slash != dir) {
-			*slash = '\0';
-			rc = mkdir_p(dir, 0755);
-			if (rc)
-				logmsg(LOG_WARN, "mkdir %s: %s", dir, strerror(-rc));
-		}
-	}
-	if (path && path[0] != '@' && ipc_in_use(path)) {
-		logmsg(LOG_ERR, "%s is served by another process", endpoint);
-		zmq_close(s);
-		return NULL;
-	}
-	/* The socket file is created by bind: a tight umask closes the window
-	 * before chmod; file permissions are the protocol's only guard. */
-	old_umask = umask(0077);
-	rc = zmq_bind(s, endpoint);
-	umask(old_umask);
-	if (rc < 0) {
-		logmsg(LOG_ERR, "binding %s: %s", endpoint, zmq_strerror(errno));
-		zmq_close(s);
-		return NULL;
-	}
-	if (path && chmod(path, 0600) < 0)
-		logmsg(LOG_WARN, "chmod %s: %s", path, strerror(errno));
-	return s;
-}
-
-static void send_reply(void *sock, const msgpack_sbuffer *sb)
-{
-	if (zmq_send(sock, sb->data, sb->size, 0) < 0)
-		logmsg(LOG_WARN, "sending reply: %s", zmq_strerror(errno));
-}
-
-/* Receives one request (all its parts) and answers it. */
-static void serve_one(void *sock, struct lb_proto_server *srv)
-{
-	struct lb_proto_outcome oc;
-	msgpack_sbuffer reply;
-	zmq_msg_t msg;
-	int more, rc;
-
-	zmq_msg_init(&msg);
-	if (zmq_msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
-		if (errno != EAGAIN && errno != EINTR)
-			logmsg(LOG_WARN, "receiving: %s", zmq_strerror(errno));
-		zmq_msg_close(&msg);
-		return;
-	}
-	msgpack_sbuffer_init(&reply);
-	more = zmq_msg_more(&msg);
-	if (more) {
-		/* REP must read every part before it may reply (else zmq_send fails
-		 * with EFSM and the socket wedges). ZeroMQ delivers a multi-part
-		 * message whole, so this loop only walks parts already received. */
-		while (more) {
-			zmq_msg_close(&msg);
-			zmq_msg_init(&msg);
-			if (zmq_msg_recv(&msg, sock, 0) < 0)
-				break;
-			more = zmq_msg_more(&msg);
-		}
-		logmsg(LOG_WARN, "request rejected: multi-part message");
-		rc = lb_proto_error_reply(&reply, "multi-part messages are not supported: "
-					  "send the request as one part");
-	} else {
-		rc = lb_proto_handle(srv, zmq_msg_data(&msg), zmq_msg_size(&msg), &reply, &oc);
-		if (rc == 0 && oc.changed)
-			logmsg(LOG_INFO, "%s: applied", oc.op);
-		else if (rc == 0)
-			logmsg(LOG_DEBUG, "%s: served", oc.op);
-		else
-			logmsg(LOG_WARN, "%s: rejected: %s", oc.op, oc.error);
-	}
-	zmq_msg_close(&msg);
-	if (rc == -ENOMEM) {
-		/* Not even an error reply: an empty frame keeps REP's turn order. */
-		logmsg(LOG_ERR, "out of memory building a reply");
-		reply.size = 0;
-	}
-	send_reply(sock, &reply);
-	msgpack_sbuffer_destroy(&reply);
-}
 
 /* ---- main -------------------------------------------------------------- */
 
@@ -760,11 +506,11 @@ static struct lb_proto_server *adopt_tables(struct xdp_tables *t, const struct l
 		free(st);
 	}
 	if (err) {
-		logmsg(LOG_WARN, "pinned tables in %s not adopted (%s)", pin_dir, why);
+		lb_log(LB_LOG_WARN, "pinned tables in %s not adopted (%s)", pin_dir, why);
 		lb_proto_server_free(srv);
 		return NULL;
 	}
-	logmsg(LOG_INFO, "adopted the pinned tables in %s", pin_dir);
+	lb_log(LB_LOG_INFO, "adopted the pinned tables in %s", pin_dir);
 	return srv;
 }
 
@@ -781,19 +527,19 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 	/* A random flow-hash key until the control plane sets one: an outsider
 	 * must not be able to aim flows at one backend. */
 	if (getrandom(cfg.hash_key, sizeof(cfg.hash_key), 0) != (ssize_t)sizeof(cfg.hash_key)) {
-		logmsg(LOG_ERR, "getrandom: %s", strerror(errno));
+		lb_log(LB_LOG_ERR, "getrandom: %s", strerror(errno));
 		return NULL;
 	}
 	err = xdp_tables_reset(t, &cfg);
 	if (err) {
-		logmsg(LOG_ERR, "initialising the maps: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "initialising the maps: %s", strerror(-err));
 		return NULL;
 	}
 	srv = lb_proto_server_new(&xdp_tables_ops, t, info, &cfg);
 	if (!srv)
-		logmsg(LOG_ERR, "creating the protocol server: out of memory");
+		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 	else
-		logmsg(LOG_INFO, "maps initialised (ring_size %u, flow table %u)", o->ring_size,
+		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u)", o->ring_size,
 		       o->flow_table_size);
 	return srv;
 }
@@ -811,20 +557,20 @@ static int load_once(const struct opts *o, const struct lb_proto_info *info, int
 	if (reuse) {
 		err = reuse_pins(skel, o->pin_dir);
 		if (err) {
-			logmsg(LOG_WARN, "reusing the pins in %s: %s", o->pin_dir, strerror(-err));
+			lb_log(LB_LOG_WARN, "reusing the pins in %s: %s", o->pin_dir, strerror(-err));
 			goto fail;
 		}
 	}
 	err = lb_bpf__load(skel);
 	if (err) {
-		logmsg(LOG_ERR, "loading the BPF program: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "loading the BPF program: %s", strerror(-err));
 		goto fail;
 	}
 	if (!reuse && pin_maps(skel, o->pin_dir))
 		goto fail;
 	err = xdp_tables_open(t, skel, o->ring_size);
 	if (err) {
-		logmsg(LOG_ERR, "opening the maps: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "opening the maps: %s", strerror(-err));
 		goto fail;
 	}
 	srv = reuse ? adopt_tables(t, info, o->pin_dir) : fresh_tables(t, info, o);
@@ -860,7 +606,7 @@ static int load(const struct opts *o, const struct lb_proto_info *info, struct l
 		return 0;
 	}
 	if (reuse != 0)
-		logmsg(LOG_INFO, "removing stale pins in %s", o->pin_dir);
+		lb_log(LB_LOG_INFO, "removing stale pins in %s", o->pin_dir);
 	remove_pins(probe, o->pin_dir);
 	lb_bpf__destroy(probe);
 	*adopted = 0;
@@ -880,12 +626,12 @@ int main(int argc, char **argv)
 	int attached = 0, adopted = 0, ret = 1, prog_fd = -1, lock_fd, err;
 	struct opts o;
 
-	setvbuf(stderr, NULL, _IOLBF, 0);
+	lb_log_init(PROG);
 	if (parse_args(argc, argv, &o))
 		return 2;
 	/* Before anything else: interfaces, sockets and devmap entries all
 	 * belong to the namespace we are in when we create them. */
-	if (o.netns && enter_netns(o.netns))
+	if (o.netns && lb_enter_netns(o.netns))
 		return 1;
 	libbpf_set_print(libbpf_log);
 
@@ -903,16 +649,16 @@ int main(int argc, char **argv)
 	info.attach_mode = "none";
 	info.capabilities = capabilities;
 	info.nports = 1 + (__u32)o.negress;
-	if (get_port(o.iface, &info.ports[0]))
+	if (lb_get_port(o.iface, &info.ports[0]))
 		return 1;
 	for (int i = 0; i < o.negress; i++)
-		if (get_port(o.egress[i], &info.ports[i + 1]))
+		if (lb_get_port(o.egress[i], &info.ports[i + 1]))
 			return 1;
 	if (ensure_bpffs())
 		return 1;
-	err = mkdir_p(o.pin_dir, 0700);
+	err = lb_mkdir_p(o.pin_dir, 0700);
 	if (err) {
-		logmsg(LOG_ERR, "cannot create %s: %s", o.pin_dir, strerror(-err));
+		lb_log(LB_LOG_ERR, "cannot create %s: %s", o.pin_dir, strerror(-err));
 		return 1;
 	}
 	lock_fd = lock_pin_dir(o.pin_dir, lock_path, sizeof(lock_path));
@@ -922,21 +668,21 @@ int main(int argc, char **argv)
 		goto out;
 	err = xdp_tables_set_ports(&tables, info.ports, info.nports);
 	if (err) {
-		logmsg(LOG_ERR, "writing port_map/tx_devmap: %s", strerror(-err));
+		lb_log(LB_LOG_ERR, "writing port_map/tx_devmap: %s", strerror(-err));
 		goto out;
 	}
 	prog_fd = bpf_program__fd(skel->progs.lb_xdp);
 	pin_path(prog_pin, sizeof(prog_pin), o.pin_dir, "lb_xdp");
 	unlink(prog_pin);
 	if (bpf_program__pin(skel->progs.lb_xdp, prog_pin)) {
-		logmsg(LOG_ERR, "pinning the program at %s: %s", prog_pin, strerror(errno));
+		lb_log(LB_LOG_ERR, "pinning the program at %s: %s", prog_pin, strerror(errno));
 		goto out;
 	}
-	logmsg(LOG_INFO, "program and maps pinned in %s", o.pin_dir);
+	lb_log(LB_LOG_INFO, "program and maps pinned in %s", o.pin_dir);
 	/* Bind before attaching: a daemon that cannot serve must not take the
 	 * interface from one that does. Requests wait until the loop polls. */
 	zctx = zmq_ctx_new();
-	sock = zctx ? open_socket(zctx, o.socket) : NULL;
+	sock = zctx ? lb_channel_open(zctx, o.socket) : NULL;
 	if (!sock)
 		goto out;
 	if (!o.no_attach) {
@@ -946,8 +692,8 @@ int main(int argc, char **argv)
 		info.attach_mode = xdp_flags == XDP_FLAGS_DRV_MODE ? "native" : "generic";
 		lb_proto_server_set_info(srv, &info);
 	}
-	logmsg(LOG_INFO, "serving %s", o.socket);
-	logmsg(LOG_INFO, "ready");
+	lb_log(LB_LOG_INFO, "serving %s", o.socket);
+	lb_log(LB_LOG_INFO, "ready");
 
 	while (!stop) {
 		zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
@@ -956,14 +702,14 @@ int main(int argc, char **argv)
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			logmsg(LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
+			lb_log(LB_LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
 			break;
 		}
 		if (n > 0 && (item.revents & ZMQ_POLLIN))
-			serve_one(sock, srv);
+			lb_channel_serve_one(sock, srv);
 	}
 	if (stop) {
-		logmsg(LOG_INFO, "signal received, shutting down");
+		lb_log(LB_LOG_INFO, "signal received, shutting down");
 		ret = 0;
 	}
 out:
@@ -974,13 +720,13 @@ out:
 	if (attached)
 		detach((int)info.ports[0].ifindex, prog_fd, xdp_flags, o.iface);
 	if (skel && ret && adopted)
-		logmsg(LOG_WARN, "keeping the adopted pins in %s for the next start", o.pin_dir);
+		lb_log(LB_LOG_WARN, "keeping the adopted pins in %s for the next start", o.pin_dir);
 	if (skel && (ret == 0 || !adopted)) {
 		remove_pins(skel, o.pin_dir);
 		if (rmdir(o.pin_dir) < 0 && errno != ENOENT)
-			logmsg(LOG_WARN, "rmdir %s: %s", o.pin_dir, strerror(errno));
+			lb_log(LB_LOG_WARN, "rmdir %s: %s", o.pin_dir, strerror(errno));
 		else
-			logmsg(LOG_INFO, "unpinned %s", o.pin_dir);
+			lb_log(LB_LOG_INFO, "unpinned %s", o.pin_dir);
 	}
 	lb_proto_server_free(srv);
 	xdp_tables_close(&tables);
