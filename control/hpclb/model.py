@@ -25,6 +25,9 @@ from hpclb.flowhash import flow_hash, probe_slot
 
 ETH_HLEN = 14
 ETH_P_IP = 0x0800
+ETH_P_ARP = 0x0806
+ARP_REQUEST_HEAD = bytes.fromhex("0001080006040001")  # Ethernet/IPv4, hlen 6, plen 4, request
+ARP_LEN = 28
 IP_MF = 0x2000
 IP_OFFSET = 0x1FFF
 
@@ -49,6 +52,22 @@ class Model:
     tables: TableSet
     port_macs: list[str]  # index 0 = the ingress port
     flows: dict[FlowTuple, int] = field(default_factory=dict)
+    # The DPDK forwarder owns the port, so it answers ARP for VIP addresses
+    # itself; XDP leaves ARP to the kernel, which holds the VIPs.
+    answers_arp: bool = False
+
+    def _arp_reply(self, frame: bytes) -> bytes | None:
+        """The reply to an ARP request for a VIP address, or None."""
+        arp = frame[ETH_HLEN : ETH_HLEN + ARP_LEN]
+        if len(arp) < ARP_LEN or arp[:8] != ARP_REQUEST_HEAD:
+            return None
+        sender_mac, sender_ip, target_ip = arp[8:14], arp[14:18], arp[24:28]
+        vip_addrs = {vip.addr.packed for vip in self.tables.vips.values()}
+        if target_ip not in vip_addrs:
+            return None
+        mac = mac_bytes(self.port_macs[0])
+        reply = (bytes.fromhex("0001080006040002") + mac + target_ip + sender_mac + sender_ip)
+        return sender_mac + mac + frame[12:14] + reply + frame[ETH_HLEN + ARP_LEN :]
 
     def _backend_state(self, backend_id: int) -> BackendState:
         backend = self.tables.backends.get(backend_id)
@@ -75,6 +94,10 @@ class Model:
         if len(frame) < ETH_HLEN:
             return verdict("drop", "drop_malformed")
         (ethertype,) = struct.unpack_from("!H", frame, 12)
+        if ethertype == ETH_P_ARP and self.answers_arp:
+            reply = self._arp_reply(frame)
+            if reply is not None:
+                return Verdict("tx", "arp_reply", reply)
         if ethertype != ETH_P_IP:
             return verdict("pass", "pass_not_ipv4")
         ip = frame[ETH_HLEN:]

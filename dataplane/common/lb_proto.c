@@ -846,6 +846,45 @@ static void pack_counter_row(msgpack_packer *pk, __u32 id, const struct lb_count
 	msgpack_pack_uint64(pk, c->bytes);
 }
 
+/* "ports": one map of NIC counters per port, by port index. A port whose
+ * counters cannot be read reports an empty map rather than failing stats. */
+static int pack_port_stats(struct req *r)
+{
+	struct lb_proto_server *srv = r->srv;
+	msgpack_packer *pk = &r->pk;
+
+	field(r, "ports");
+	msgpack_pack_array(pk, srv->info.nports);
+	for (__u32 p = 0; p < srv->info.nports; p++) {
+		struct lb_port_stats ps;
+
+		memset(&ps, 0, sizeof(ps));
+		if (srv->ops->read_port_stats(srv->ctx, p, &ps)) {
+			msgpack_pack_map(pk, 0);
+			continue;
+		}
+		{
+			const struct {
+				const char *name;
+				__u64 v;
+			} rows[LB_PORT_STAT_FIELDS] = {
+				{ "rx_packets", ps.rx_packets }, { "rx_bytes", ps.rx_bytes },
+				{ "tx_packets", ps.tx_packets }, { "tx_bytes", ps.tx_bytes },
+				{ "rx_missed", ps.rx_missed },   { "rx_errors", ps.rx_errors },
+				{ "tx_errors", ps.tx_errors },   { "rx_nombuf", ps.rx_nombuf },
+				{ "rx_crc_errors", ps.rx_crc_errors },
+			};
+
+			msgpack_pack_map(pk, LB_PORT_STAT_FIELDS);
+			for (int i = 0; i < LB_PORT_STAT_FIELDS; i++) {
+				pack_str(pk, rows[i].name);
+				msgpack_pack_uint64(pk, rows[i].v);
+			}
+		}
+	}
+	return 0;
+}
+
 static int op_stats(struct req *r)
 {
 	struct lb_proto_server *srv = r->srv;
@@ -877,6 +916,8 @@ static int op_stats(struct req *r)
 	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++)
 		if (st->backends[i].state != LB_BACKEND_UNUSED)
 			pack_counter_row(pk, i, &srv->c_backends[i]);
+	if (srv->ops->read_port_stats)
+		return pack_port_stats(r);
 	return 0;
 }
 

@@ -17,6 +17,17 @@
 
 #include "lb_tables.h"
 
+/* A port's own counters (DPDK: rte_eth_stats and xstats). */
+struct lb_port_stats {
+	__u64 rx_packets, rx_bytes, tx_packets, tx_bytes;
+	__u64 rx_missed;   /* dropped by the NIC: no RX descriptor free */
+	__u64 rx_errors, tx_errors;
+	__u64 rx_nombuf;   /* no mbuf to receive into */
+	__u64 rx_crc_errors;
+};
+
+#define LB_PORT_STAT_FIELDS 9
+
 /* How a data plane applies changes. Every call returns 0 or a negative errno.
  * The server calls them only with validated arguments (ids in range, VIP known,
  * ring_size slots) and updates its shadow only when they succeed; on failure it
@@ -35,6 +46,9 @@ struct lb_dataplane_ops {
 	 * backends[LB_MAX_BACKENDS]. */
 	int (*read_stats)(void *ctx, struct lb_counter *global, struct lb_counter *vips,
 			  struct lb_counter *backends);
+	/* Optional (NULL: the stats reply has no "ports"): the NIC counters of
+	 * port 0..nports-1, as the port's driver reports them. */
+	int (*read_port_stats)(void *ctx, __u32 port, struct lb_port_stats *out);
 };
 
 /* Static facts reported by hello. */

@@ -137,13 +137,16 @@ enum lb_stat {
 	LB_STAT_FLOW_HIT,          /* packet matched a pinned flow */
 	LB_STAT_FLOW_NEW,          /* flow hashed into the ring */
 	LB_STAT_FLOW_REPIN,        /* pinned flow whose backend was down: re-hashed */
+	LB_STAT_ARP_REPLY,         /* ARP request for a VIP answered (DPDK; XDP leaves ARP to the kernel) */
+	LB_STAT_FLOW_EVICT,        /* live flow evicted from a full affinity table (DPDK; XDP's LRU evicts silently) */
 	LB_STAT_MAX
 };
 
 #define LB_STAT_NAMES                                                       \
 	{ "rx", "fwd_tx", "fwd_redirect", "pass_not_ipv4", "pass_not_vip",   \
 	  "pass_fragment", "drop_malformed", "drop_no_backend",              \
-	  "drop_tx_error", "flow_hit", "flow_new", "flow_repin" }
+	  "drop_tx_error", "flow_hit", "flow_new", "flow_repin",         \
+	  "arp_reply", "flow_evict" }
 
 /* ---- global configuration (one entry) ---------------------------------- */
 

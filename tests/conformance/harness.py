@@ -13,7 +13,6 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
 
 from hpclb import maglev
-from hpclb.dataplane.bpf_testrun import BpfError
 from hpclb.dataplane.tables import (
     IPPROTO_TCP,
     IPPROTO_UDP,
@@ -25,7 +24,7 @@ from hpclb.dataplane.tables import (
 )
 from hpclb.model import Model, Verdict
 
-from .targets import Target
+from .targets import FrameRefused, Target
 
 HASH_KEY = bytes(range(16))
 RING_SIZE = 65537
@@ -93,7 +92,8 @@ class Harness:
                 self._start_counters = self.target.counters()
             self.target.load(self.tables, tables)
         if self.model is None:
-            self.model = Model(tables, self.port_macs)
+            answers_arp = self.target is not None and self.target.answers_arp
+            self.model = Model(tables, self.port_macs, answers_arp=answers_arp)
         self.model.tables = tables
         self.tables = tables
 
@@ -107,7 +107,7 @@ class Harness:
             # Cannot even reach this data plane (the kernel refuses it first).
             try:
                 self.target.run(frame)
-            except BpfError:
+            except FrameRefused:
                 self.reasons[verdict.reason] -= 1
                 return verdict
             raise AssertionError(f"{self.target.name} accepted a {len(frame)}-byte frame")
@@ -122,8 +122,8 @@ class Harness:
 
     def check_counters(self) -> None:
         """The data plane counted every frame under the model's reason."""
-        if self.target is None:
-            return
+        if self.target is None or self.model is None:
+            return  # nothing was sent (the case skipped before loading tables)
         end = self.target.counters()
         for reason in STAT_NAMES:
             if reason.startswith(("fwd_", "pass_", "drop_")):

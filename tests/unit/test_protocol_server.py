@@ -47,7 +47,7 @@ NO_BACKEND = 0xFFFFFFFF
 STAT_NAMES = [
     "rx", "fwd_tx", "fwd_redirect", "pass_not_ipv4", "pass_not_vip", "pass_fragment",
     "drop_malformed", "drop_no_backend", "drop_tx_error", "flow_hit", "flow_new",
-    "flow_repin",
+    "flow_repin", "arp_reply", "flow_evict",
 ]
 
 VIP_ID = 3

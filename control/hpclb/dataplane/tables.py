@@ -40,6 +40,8 @@ STAT_NAMES = (
     "flow_hit",
     "flow_new",
     "flow_repin",
+    "arp_reply",
+    "flow_evict",
 )
 
 IPPROTO_TCP = 6

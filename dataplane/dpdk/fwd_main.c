@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * fwd_main.c - hpclb-dpdk, the DPDK forwarder.
+ *
+ *   hpclb-dpdk [EAL options] -- --port DEV[:TAP] [--port DEV[:TAP]]...
+ *              [--socket ENDPOINT] [--ring-size PRIME] [--flow-table-size N]
+ *              [--flow-timeout S] [--netns NAME] [--idle-sleep-us N]
+ *              [--numa strict|warn] [--log-level L]
+ *
+ * The main lcore serves the table protocol (lb_proto.c, the same server and
+ * socket convention as hpclb-xdp) and registers the telemetry commands; every
+ * other lcore of the EAL core list is a worker (fwd_worker.c). Tables are
+ * swapped under RCU (fwd_tables.c), so serving a request never stops a
+ * worker. The control plane renders the EAL options from its templates.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <zmq.h>
+
+#include "fwd_ports.h"
+#include "fwd_tables.h"
+#include "fwd_telemetry.h"
+#include "fwd_worker.h"
+#include "lb_channel.h"
+#include "lb_host.h"
+#include "lb_log.h"
+
+#define PROG "hpclb-dpdk"
+#define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
+#define POLL_MS 200
+#define DEFAULT_FLOWS 262144      /* per worker */
+#define MAX_FLOWS_OPT (1u << 26)  /* per worker */
+#define DEFAULT_FLOW_TIMEOUT_S 300
+
+static volatile bool stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = true;
+}
+
+struct opts {
+	struct fwd_port ports[LB_MAX_PORTS];
+	unsigned int nports;
+	const char *socket;
+	const char *netns;
+	__u32 ring_size;
+	__u32 flow_table_size;
+	__u32 flow_timeout_s;
+	__u32 idle_sleep_us;
+	bool numa_strict;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: " PROG " [EAL options] -- --port DEV[:TAP]... [--socket ENDPOINT]\n"
+		"       [--ring-size PRIME] [--flow-table-size N] [--flow-timeout S]\n"
+		"       [--netns NAME] [--idle-sleep-us N] [--numa strict|warn]\n"
+		"       [--log-level error|warn|info|debug]\n"
+		"DEV is a DPDK device name (net_af_xdp0, 0000:3b:00.0), TAP the net_tap vdev\n"
+		"that is its exception path to the kernel. The first --port is port 0.\n"
+		"defaults: --socket " DEFAULT_SOCKET ", --ring-size %u, --flow-table-size %u\n"
+		"          (per worker), --flow-timeout %u, --idle-sleep-us 0, --numa warn\n",
+		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S);
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	static const struct option lo[] = {
+		{ "port", required_argument, NULL, 'P' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "ring-size", required_argument, NULL, 'r' },
+		{ "flow-table-size", required_argument, NULL, 'f' },
+		{ "flow-timeout", required_argument, NULL, 't' },
+		{ "netns", required_argument, NULL, 'n' },
+		{ "idle-sleep-us", required_argument, NULL, 'i' },
+		{ "numa", required_argument, NULL, 'N' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	int c;
+
+	memset(o, 0, sizeof(*o));
+	o->socket = DEFAULT_SOCKET;
+	o->ring_size = LB_RING_SIZE_DEFAULT;
+	o->flow_table_size = DEFAULT_FLOWS;
+	o->flow_timeout_s = DEFAULT_FLOW_TIMEOUT_S;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case 'P':
+			if (o->nports == LB_MAX_PORTS) {
+				lb_log(LB_LOG_ERR, "at most %d --port", LB_MAX_PORTS);
+				return -1;
+			}
+			if (fwd_port_parse(optarg, &o->ports[o->nports])) {
+				lb_log(LB_LOG_ERR, "bad --port '%s' (DEV or DEV:TAP)", optarg);
+				return -1;
+			}
+			o->nports++;
+			break;
+		case 's':
+			o->socket = optarg;
+			break;
+		case 'r':
+			if (lb_parse_u32(optarg, &o->ring_size) || !lb_valid_ring_size(o->ring_size)) {
+				lb_log(LB_LOG_ERR, "--ring-size must be a prime in 3..%u, got '%s'",
+				       LB_RING_SIZE_MAX, optarg);
+				return -1;
+			}
+			break;
+		case 'f':
+			if (lb_parse_u32(optarg, &o->flow_table_size) || o->flow_table_size < 64 ||
+			    o->flow_table_size > MAX_FLOWS_OPT) {
+				lb_log(LB_LOG_ERR, "--flow-table-size must be in 64..%u, got '%s'",
+				       MAX_FLOWS_OPT, optarg);
+				return -1;
+			}
+			break;
+		case 't':
+			if (lb_parse_u32(optarg, &o->flow_timeout_s) || o->flow_timeout_s < 1 ||
+			    o->flow_timeout_s > 86400) {
+				lb_log(LB_LOG_ERR, "--flow-timeout must be 1..86400 seconds");
+				return -1;
+			}
+			break;
+		case 'n':
+			if (!lb_valid_netns(optarg)) {
+				lb_log(LB_LOG_ERR, "bad --netns name '%s'", optarg);
+				return -1;
+			}
+			o->netns = optarg;
+			break;
+		case 'i':
+			if (lb_parse_u32(optarg, &o->idle_sleep_us) || o->idle_sleep_us > 100000) {
+				lb_log(LB_LOG_ERR, "--idle-sleep-us must be 0..100000");
+				return -1;
+			}
+			break;
+		case 'N':
+			if (strcmp(optarg, "strict") && strcmp(optarg, "warn")) {
+				lb_log(LB_LOG_ERR, "--numa must be strict or warn");
+				return -1;
+			}
+			o->numa_strict = !strcmp(optarg, "strict");
+			break;
+		case 'l':
+			if (lb_log_set_level_name(optarg)) {
+				lb_log(LB_LOG_ERR, "--log-level must be error, warn, info or debug");
+				return -1;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		lb_log(LB_LOG_ERR, "unexpected argument '%s'", argv[optind]);
+		return -1;
+	}
+	if (!o->nports) {
+		lb_log(LB_LOG_ERR, "at least one --port is required");
+		usage(stderr);
+		return -1;
+	}
+	return 0;
+}
+
+/* Index of "--" in argv, or argc: EAL options come before it, ours after. */
+static int split_args(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--"))
+			return i;
+	return argc;
+}
+
+static const char *const capabilities[] = { "dsr", "patch_ring", "redirect", "arp_reply",
+					    "rcu_tables", NULL };
+
+static struct fwd_context ctx;
+static struct fwd_port *ports_for_stats;
+
+static int read_port_stats(void *c, __u32 port, struct lb_port_stats *out)
+{
+	(void)c;
+	return fwd_port_read_stats(&ports_for_stats[port], out);
+}
+
+static int read_stats(void *c, struct lb_counter *g, struct lb_counter *v, struct lb_counter *b)
+{
+	return fwd_tables_ops.read_stats(c, g, v, b);
+}
+
+static int start_workers(struct fwd_worker *workers, const struct opts *o,
+			 const unsigned int *lcores, unsigned int n, const __u8 (*macs)[6])
+{
+	__u64 timeout_tsc = (__u64)o->flow_timeout_s * rte_get_tsc_hz();
+
+	for (unsigned int i = 0; i < n; i++) {
+		struct fwd_worker *w = &workers[i];
+		char name[32];
+		int socket = o->ports[0].socket_id == SOCKET_ID_ANY ?
+				     (int)rte_lcore_to_socket_id(lcores[i]) : o->ports[0].socket_id;
+		int rc;
+
+		w->index = i;
+		w->lcore = lcores[i];
+		w->store = &ctx.store;
+		w->ports = o->ports;
+		w->nports = o->nports;
+		w->port_macs = macs;
+		w->idle_sleep_us = o->idle_sleep_us;
+		w->stop = (volatile bool *)&stop;
+		w->counters = ctx.counters[i];
+		snprintf(name, sizeof(name), "hpclb_flows_%u", i);
+		rc = fwd_flow_init(&w->flows, name, o->flow_table_size, timeout_tsc, socket);
+		if (rc) {
+			lb_log(LB_LOG_ERR, "flow table of worker %u (%u entries): %s", i,
+			       o->flow_table_size, strerror(-rc));
+			return rc;
+		}
+	}
+	for (unsigned int i = 0; i < n; i++)
+		rte_eal_remote_launch(fwd_worker_main, &workers[i], workers[i].lcore);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct fwd_worker workers[RTE_MAX_LCORE];
+	static unsigned int lcores[RTE_MAX_LCORE];
+	static __u8 macs[LB_MAX_PORTS][6];
+	struct lb_dataplane_ops ops = fwd_tables_ops;
+	struct lb_proto_server *srv = NULL;
+	struct fwd_telemetry_view tview;
+	struct lb_proto_info info;
+	struct lb_config cfg;
+	struct sigaction sa;
+	void *zctx = NULL, *sock = NULL;
+	unsigned int nworkers = 0, lcore;
+	int split = split_args(argc, argv), ret = 1, eal_up = 0, ports_up = 0, rc;
+	struct opts o;
+
+	lb_log_init(PROG);
+	if (split == argc) {
+		lb_log(LB_LOG_ERR, "missing '--' between the EAL options and the forwarder's");
+		usage(stderr);
+		return 2;
+	}
+	if (parse_args(argc - split, argv + split, &o))
+		return 2;
+	/* Before the EAL: vdevs bind to interfaces, and create TAPs, in the
+	 * namespace the process is in when they probe. */
+	if (o.netns && lb_enter_netns(o.netns))
+		return 1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGHUP, SIG_IGN); /* only SIGTERM/SIGINT stop the forwarder */
+
+	rc = rte_eal_init(split, argv);
+	if (rc < 0) {
+		lb_log(LB_LOG_ERR, "EAL init failed: %s", rte_strerror(rte_errno));
+		return 1;
+	}
+	eal_up = 1;
+	RTE_LCORE_FOREACH_WORKER(lcore)
+		lcores[nworkers++] = lcore;
+	if (!nworkers) {
+		lb_log(LB_LOG_ERR, "no worker lcore: give the EAL at least two cores (-l)");
+		goto out;
+	}
+	if (fwd_ports_start(o.ports, o.nports, nworkers, lcores, o.numa_strict))
+		goto out;
+	ports_up = 1;
+	for (unsigned int p = 0; p < o.nports; p++) {
+		memcpy(macs[p], o.ports[p].mac, 6);
+		if (o.ports[p].tap_id == FWD_NO_PORT)
+			lb_log(LB_LOG_WARN, "%s has no exception path: what is not for a VIP is "
+			       "dropped", o.ports[p].data_name);
+	}
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.ring_size = o.ring_size;
+	if (getrandom(cfg.hash_key, sizeof(cfg.hash_key), 0) != sizeof(cfg.hash_key)) {
+		lb_log(LB_LOG_ERR, "getrandom: %s", strerror(errno));
+		goto out;
+	}
+	if (fwd_store_init(&ctx.store, &cfg, nworkers, o.ports[0].socket_id)) {
+		lb_log(LB_LOG_ERR, "tables: out of hugepage memory");
+		goto out;
+	}
+	ctx.nworkers = nworkers;
+	ctx.counters = rte_zmalloc("hpclb_counter_ptrs", nworkers * sizeof(*ctx.counters), 0);
+	for (unsigned int i = 0; ctx.counters && i < nworkers; i++)
+		ctx.counters[i] = rte_zmalloc_socket("hpclb_counters", sizeof(struct fwd_counters),
+						     RTE_CACHE_LINE_SIZE,
+						     (int)rte_lcore_to_socket_id(lcores[i]));
+	for (unsigned int i = 0; ctx.counters && i < nworkers; i++)
+		if (!ctx.counters[i])
+			ctx.counters = NULL;
+	if (!ctx.counters) {
+		lb_log(LB_LOG_ERR, "counters: out of hugepage memory");
+		goto out;
+	}
+
+	memset(&info, 0, sizeof(info));
+	info.dataplane = "dpdk";
+	info.attach_mode = "poll";
+	info.capabilities = capabilities;
+	info.nports = o.nports;
+	for (unsigned int p = 0; p < o.nports; p++)
+		fwd_port_info(&o.ports[p], &info.ports[p]);
+	ports_for_stats = o.ports;
+	ops.read_stats = read_stats;
+	ops.read_port_stats = read_port_stats;
+	srv = lb_proto_server_new(&ops, &ctx, &info, &cfg);
+	if (!srv) {
+		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
+		goto out;
+	}
+	zctx = zmq_ctx_new();
+	sock = zctx ? lb_channel_open(zctx, o.socket) : NULL;
+	if (!sock)
+		goto out;
+	if (start_workers(workers, &o, lcores, nworkers, (const __u8(*)[6])macs))
+		goto out;
+	tview.ctx = &ctx;
+	tview.ports = o.ports;
+	tview.nports = o.nports;
+	tview.workers = workers;
+	if (fwd_telemetry_register(&tview))
+		lb_log(LB_LOG_WARN, "registering the telemetry commands failed");
+	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker",
+	       nworkers, o.nports, o.ring_size, o.flow_table_size);
+	lb_log(LB_LOG_INFO, "serving %s", o.socket);
+	lb_log(LB_LOG_INFO, "ready");
+
+	while (!stop) {
+		zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
+		int n = zmq_poll(&item, 1, POLL_MS);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			lb_log(LB_LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
+			break;
+		}
+		if (n > 0 && (item.revents & ZMQ_POLLIN))
+			lb_channel_serve_one(sock, srv);
+	}
+	if (stop) {
+		lb_log(LB_LOG_INFO, "signal received, shutting down");
+		ret = 0;
+	}
+out:
+	stop = true;
+	if (eal_up)
+		rte_eal_mp_wait_lcore();
+	if (sock)
+		zmq_close(sock);
+	if (zctx)
+		zmq_ctx_term(zctx);
+	lb_proto_server_free(srv);
+	if (ports_up)
+		fwd_ports_stop(o.ports, o.nports);
+	for (unsigned int i = 0; i < nworkers; i++)
+		fwd_flow_free(&workers[i].flows);
+	if (ctx.store.current)
+		fwd_store_free(&ctx.store);
+	if (eal_up)
+		rte_eal_cleanup();
+	return ret;
+}

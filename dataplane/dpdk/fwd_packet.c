@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <string.h>
+#include <netinet/in.h>
+#include <rte_arp.h>
+#include <rte_byteorder.h>
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_tcp.h>
+#include <rte_udp.h>
+
+#include "fwd_packet.h"
+#include "lb_hash.h"
+
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+static inline void count(struct lb_counter *c, __u64 bytes)
+{
+	c->packets += 1;
+	c->bytes += bytes;
+}
+
+static inline enum fwd_verdict stat(struct fwd_packet_ctx *c, enum lb_stat which, __u32 len,
+				    enum fwd_verdict v)
+{
+	count(&c->counters->global[which], len);
+	return v;
+}
+
+static inline const struct lb_backend *backend_in(const struct fwd_tables *t, __u32 id,
+						  __u8 state)
+{
+	if (id >= LB_MAX_BACKENDS || t->backends[id].state != state)
+		return NULL;
+	return &t->backends[id];
+}
+
+/* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
+static __u32 pick_backend(const struct fwd_tables *t, __u32 vip_id, const struct lb_flow_key *k)
+{
+	const __u32 *ring = t->rings[vip_id];
+	__u32 ring_size = t->config.ring_size;
+	__u64 hash;
+
+	if (!ring || ring_size < 3)
+		return LB_NO_BACKEND;
+	hash = lb_flow_hash(t->config.hash_key, k);
+	for (__u32 n = 0; n < LB_RING_PROBES; n++) {
+		__u32 id = ring[lb_probe_slot(hash, ring_size, n)];
+
+		if (id != LB_NO_BACKEND && backend_in(t, id, LB_BACKEND_UP))
+			return id;
+	}
+	return LB_NO_BACKEND;
+}
+
+/* An ARP request for a VIP address becomes its reply, in place. */
+static enum fwd_verdict arp(struct fwd_packet_ctx *c, __u8 *frame, __u32 len)
+{
+	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+	struct rte_arp_hdr *a = (struct rte_arp_hdr *)(eth + 1);
+	const __u8 *mac = c->port_macs[c->in_port];
+	__u32 vip;
+
+	if (len < sizeof(*eth) + sizeof(*a) || a->arp_hardware != RTE_BE16(RTE_ARP_HRD_ETHER) ||
+	    a->arp_protocol != RTE_BE16(RTE_ETHER_TYPE_IPV4) || a->arp_hlen != 6 ||
+	    a->arp_plen != 4 || a->arp_opcode != RTE_BE16(RTE_ARP_OP_REQUEST) ||
+	    !fwd_is_vip_addr(c->tables, a->arp_data.arp_tip))
+		return stat(c, LB_STAT_PASS_NOT_IPV4, len, FWD_TO_KERNEL);
+	vip = a->arp_data.arp_tip;
+	a->arp_opcode = RTE_BE16(RTE_ARP_OP_REPLY);
+	a->arp_data.arp_tha = a->arp_data.arp_sha;
+	a->arp_data.arp_tip = a->arp_data.arp_sip;
+	memcpy(&a->arp_data.arp_sha, mac, 6);
+	a->arp_data.arp_sip = vip;
+	memcpy(&eth->dst_addr, &a->arp_data.arp_tha, 6);
+	memcpy(&eth->src_addr, mac, 6);
+	return stat(c, LB_STAT_ARP_REPLY, len, FWD_REPLY);
+}
+
+enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __u32 *out_port)
+{
+	const struct fwd_tables *t = c->tables;
+	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
+	struct rte_ipv4_hdr *iph;
+	struct lb_flow_key flow;
+	const struct fwd_vip_slot *vip;
+	const struct lb_backend *backend = NULL;
+	struct fwd_flow_slot *pinned;
+	struct lb_vip_key vkey;
+	__u32 backend_id = LB_NO_BACKEND, ihl_bytes, port;
+
+	stat(c, LB_STAT_RX, len, FWD_DROP);
+	if (len < sizeof(*eth))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+	if (eth->ether_type == RTE_BE16(RTE_ETHER_TYPE_ARP))
+		return arp(c, frame, len);
+	if (eth->ether_type != RTE_BE16(RTE_ETHER_TYPE_IPV4))
+		return stat(c, LB_STAT_PASS_NOT_IPV4, len, FWD_TO_KERNEL);
+
+	iph = (struct rte_ipv4_hdr *)(eth + 1);
+	if (len < sizeof(*eth) + sizeof(*iph) || (iph->version_ihl & 0xf) < 5 ||
+	    (iph->version_ihl >> 4) != 4)
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+	if (iph->next_proto_id != IPPROTO_TCP && iph->next_proto_id != IPPROTO_UDP)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	if (iph->fragment_offset & RTE_BE16(IP_MF | IP_OFFSET))
+		return stat(c, LB_STAT_PASS_FRAGMENT, len, FWD_TO_KERNEL);
+
+	memset(&flow, 0, sizeof(flow));
+	ihl_bytes = (iph->version_ihl & 0xf) * 4u;
+	if (iph->next_proto_id == IPPROTO_TCP) {
+		const struct rte_tcp_hdr *tcp = (const void *)((__u8 *)iph + ihl_bytes);
+
+		if (len < sizeof(*eth) + ihl_bytes + sizeof(*tcp))
+			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+		flow.sport = tcp->src_port;
+		flow.dport = tcp->dst_port;
+	} else {
+		const struct rte_udp_hdr *udp = (const void *)((__u8 *)iph + ihl_bytes);
+
+		if (len < sizeof(*eth) + ihl_bytes + sizeof(*udp))
+			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+		flow.sport = udp->src_port;
+		flow.dport = udp->dst_port;
+	}
+	flow.saddr = iph->src_addr;
+	flow.daddr = iph->dst_addr;
+	flow.proto = iph->next_proto_id;
+
+	memset(&vkey, 0, sizeof(vkey));
+	vkey.addr = flow.daddr;
+	vkey.port = flow.dport;
+	vkey.proto = flow.proto;
+	vip = fwd_vip_lookup(t, &vkey);
+	if (!vip)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+
+	pinned = fwd_flow_lookup(c->flows, &flow, c->now_tsc);
+	if (pinned) {
+		backend_id = pinned->e.backend;
+		backend = backend_in(t, backend_id, LB_BACKEND_UP);
+		if (!backend)
+			backend = backend_in(t, backend_id, LB_BACKEND_DRAINING);
+		if (backend) {
+			stat(c, LB_STAT_FLOW_HIT, len, FWD_DROP);
+		} else {
+			stat(c, LB_STAT_FLOW_REPIN, len, FWD_DROP);
+		}
+	}
+	if (!backend) {
+		struct lb_flow_entry fresh = { 0 };
+
+		backend_id = pick_backend(t, vip->vip_id, &flow);
+		backend = backend_in(t, backend_id, LB_BACKEND_UP);
+		if (!backend)
+			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP);
+		if (!pinned)
+			stat(c, LB_STAT_FLOW_NEW, len, FWD_DROP);
+		fresh.backend = backend_id;
+		fresh.vip_id = vip->vip_id;
+		fresh.pinned_ns = c->now_ns;
+		if (pinned) {
+			pinned->e = fresh;
+		} else if (fwd_flow_pin(c->flows, &flow, &fresh, c->now_tsc) == 1) {
+			stat(c, LB_STAT_FLOW_EVICT, len, FWD_DROP);
+		}
+	}
+
+	port = backend->port;
+	if (port >= c->nports)
+		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
+	memcpy(&eth->dst_addr, backend->mac, 6);
+	memcpy(&eth->src_addr, c->port_macs[port], 6);
+	stat(c, port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
+	count(&c->counters->vips[vip->vip_id], len);
+	count(&c->counters->backends[backend_id], len);
+	*out_port = port;
+	return FWD_OUT;
+}

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * fwd_tables.h - the DPDK forwarder's tables and how they change.
+ *
+ * One immutable struct fwd_tables is current at a time. Workers read it
+ * without a lock: they load the pointer once per burst and announce a
+ * quiescent state (rte_rcu_qsbr) between bursts. A change (one protocol
+ * operation) copies the current version in hugepage memory, edits the copy,
+ * publishes it with one atomic store, waits until every worker has passed a
+ * quiescent state, and only then frees the old version and any ring it no
+ * longer shares. A packet therefore sees either the old tables or the new
+ * ones, whole, never a half-written ring.
+ *
+ * Rings are shared between versions until one is rewritten (copy on write),
+ * so a backend or VIP change copies 64 KB, not every ring.
+ */
+#ifndef HPCLB_FWD_TABLES_H
+#define HPCLB_FWD_TABLES_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <rte_rcu_qsbr.h>
+
+#include "lb_proto.h"
+
+/* Open-addressed VIP index: twice LB_MAX_VIPS, so a probe sequence is short. */
+#define FWD_VIP_INDEX_SIZE (2 * LB_MAX_VIPS)
+
+struct fwd_vip_slot {
+	struct lb_vip_key key;
+	__u32 vip_id;
+	__u8 mode;
+	__u8 used;
+	__u8 pad[2];
+};
+
+struct fwd_tables {
+	struct lb_config config;
+	struct fwd_vip_slot vip_index[FWD_VIP_INDEX_SIZE];
+	struct lb_vip_key vip_keys[LB_MAX_VIPS]; /* by vip_id, for rebuilding the index */
+	__u8 vip_modes[LB_MAX_VIPS];
+	bool vip_used[LB_MAX_VIPS];
+	__u32 arp_addrs[LB_MAX_VIPS]; /* distinct VIP addresses the forwarder answers ARP for */
+	__u32 n_arp_addrs;
+	struct lb_backend backends[LB_MAX_BACKENDS];
+	__u32 *rings[LB_MAX_VIPS]; /* ring_size slots each, NULL while the VIP has none */
+};
+
+/* The writer side. Only the main lcore calls the ops; telemetry readers take
+ * `lock` to read `current` (they are not RCU readers). */
+struct fwd_table_store {
+	struct fwd_tables *current; /* published with __atomic_store_n(RELEASE) */
+	struct rte_rcu_qsbr *qsbr;  /* one thread id per worker */
+	int socket_id;              /* NUMA node the tables are allocated on */
+	pthread_mutex_t lock;
+	__u64 swaps;                /* versions published, for stats and tests */
+};
+
+/* Counters of one worker, summed by the main lcore on demand. Plain adds:
+ * only the owning worker writes them, the reader tolerates a torn view. */
+struct fwd_counters {
+	struct lb_counter global[LB_STAT_MAX];
+	struct lb_counter vips[LB_MAX_VIPS];
+	struct lb_counter backends[LB_MAX_BACKENDS];
+} __attribute__((aligned(64)));
+
+struct fwd_context {
+	struct fwd_table_store store;
+	struct fwd_counters **counters; /* one per worker */
+	unsigned int nworkers;
+};
+
+extern const struct lb_dataplane_ops fwd_tables_ops; /* ctx = struct fwd_context * */
+
+/* Empty tables with configuration cfg and a QSBR variable for nworkers.
+ * Returns 0 or a negative errno. */
+int fwd_store_init(struct fwd_table_store *s, const struct lb_config *cfg,
+		   unsigned int nworkers, int socket_id);
+void fwd_store_free(struct fwd_table_store *s);
+
+/* The worker side. */
+static inline const struct fwd_tables *fwd_tables_current(const struct fwd_table_store *s)
+{
+	return __atomic_load_n(&s->current, __ATOMIC_ACQUIRE);
+}
+
+/* The VIP slot of key, or NULL. */
+static inline const struct fwd_vip_slot *fwd_vip_lookup(const struct fwd_tables *t,
+							const struct lb_vip_key *key)
+{
+	__u32 h = (key->addr * 2654435761u) ^ ((__u32)key->port << 8) ^ key->proto;
+
+	for (__u32 n = 0; n < FWD_VIP_INDEX_SIZE; n++) {
+		const struct fwd_vip_slot *s = &t->vip_index[(h + n) % FWD_VIP_INDEX_SIZE];
+
+		if (!s->used)
+			return NULL;
+		if (s->key.addr == key->addr && s->key.port == key->port &&
+		    s->key.proto == key->proto)
+			return s;
+	}
+	return NULL;
+}
+
+static inline bool fwd_is_vip_addr(const struct fwd_tables *t, __u32 addr)
+{
+	for (__u32 i = 0; i < t->n_arp_addrs && i < LB_MAX_VIPS; i++)
+		if (t->arp_addrs[i] == addr)
+			return true;
+	return false;
+}
+
+#endif /* HPCLB_FWD_TABLES_H */

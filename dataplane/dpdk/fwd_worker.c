@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <unistd.h>
+#include <rte_cycles.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+
+#include "fwd_packet.h"
+#include "fwd_worker.h"
+
+#define BURST 32
+#define EXPIRE_EVERY 1024   /* loop iterations between two expiry slices */
+#define EXPIRE_BUDGET 64    /* entries looked at per slice */
+#define IDLE_LOOPS 256      /* empty loops before an idle worker sleeps */
+
+struct tx_buffer {
+	struct rte_mbuf *m[BURST];
+	unsigned int n;
+};
+
+/* Sends what is buffered; frees (and counts) what the queue refused. */
+static void flush(struct fwd_worker *w, uint16_t port_id, struct tx_buffer *b)
+{
+	uint16_t sent;
+
+	if (!b->n || port_id == FWD_NO_PORT) {
+		rte_pktmbuf_free_bulk(b->m, b->n);
+		w->tx_dropped += b->n;
+		b->n = 0;
+		return;
+	}
+	sent = rte_eth_tx_burst(port_id, (uint16_t)w->index, b->m, (uint16_t)b->n);
+	if (sent < b->n) {
+		rte_pktmbuf_free_bulk(&b->m[sent], b->n - sent);
+		w->tx_dropped += b->n - sent;
+		w->counters->global[LB_STAT_DROP_TX_ERROR].packets += b->n - sent;
+	}
+	b->n = 0;
+}
+
+/* One burst from the data port in_port: decide, then send by port. */
+static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, unsigned int in)
+{
+	struct tx_buffer out[LB_MAX_PORTS] = { 0 };
+	struct tx_buffer kernel = { 0 };
+	struct rte_mbuf *pkts[BURST];
+	uint16_t n = rte_eth_rx_burst(w->ports[in].data_id, (uint16_t)w->index, pkts, BURST);
+
+	c->in_port = in;
+	for (uint16_t i = 0; i < n; i++) {
+		struct rte_mbuf *m = pkts[i];
+		__u32 port = 0;
+		enum fwd_verdict v;
+
+		/* The parser reads one contiguous buffer. */
+		if (m->nb_segs > 1 && rte_pktmbuf_linearize(m)) {
+			w->counters->global[LB_STAT_RX].packets++;
+			w->counters->global[LB_STAT_DROP_MALFORMED].packets++;
+			rte_pktmbuf_free(m);
+			continue;
+		}
+		v = fwd_packet(c, rte_pktmbuf_mtod(m, __u8 *), rte_pktmbuf_data_len(m), &port);
+		switch (v) {
+		case FWD_OUT:
+			out[port].m[out[port].n++] = m;
+			break;
+		case FWD_REPLY:
+			out[in].m[out[in].n++] = m;
+			break;
+		case FWD_TO_KERNEL:
+			kernel.m[kernel.n++] = m;
+			break;
+		default:
+			rte_pktmbuf_free(m);
+		}
+	}
+	for (unsigned int p = 0; p < w->nports; p++)
+		if (out[p].n)
+			flush(w, w->ports[p].data_id, &out[p]);
+	if (kernel.n)
+		flush(w, w->ports[in].tap_id, &kernel);
+	return n;
+}
+
+/* What the kernel sends through the TAP leaves by the TAP's data port. */
+static unsigned int kernel_burst(struct fwd_worker *w, unsigned int p)
+{
+	struct tx_buffer b;
+	uint16_t n;
+
+	if (w->ports[p].tap_id == FWD_NO_PORT)
+		return 0;
+	n = rte_eth_rx_burst(w->ports[p].tap_id, (uint16_t)w->index, b.m, BURST);
+	b.n = n;
+	if (n)
+		flush(w, w->ports[p].data_id, &b);
+	return n;
+}
+
+int fwd_worker_main(void *arg)
+{
+	struct fwd_worker *w = arg;
+	struct rte_rcu_qsbr *qsbr = w->store->qsbr;
+	__u64 hz = rte_get_tsc_hz(), loops = 0, idle = 0;
+	struct fwd_packet_ctx c = {
+		.flows = &w->flows,
+		.counters = w->counters,
+		.port_macs = w->port_macs,
+		.nports = w->nports,
+	};
+
+	rte_rcu_qsbr_thread_register(qsbr, w->index);
+	rte_rcu_qsbr_thread_online(qsbr, w->index);
+	while (!*w->stop) {
+		unsigned int got = 0;
+		__u64 tsc = rte_rdtsc();
+
+		/* One table version per loop: loaded here, released by the
+		 * quiescent state below, after its last use. */
+		c.tables = fwd_tables_current(w->store);
+		c.now_tsc = tsc;
+		c.now_ns = (__u64)((double)tsc * 1e9 / (double)hz);
+		for (unsigned int p = 0; p < w->nports; p++) {
+			got += data_burst(w, &c, p);
+			got += kernel_burst(w, p);
+		}
+		rte_rcu_qsbr_quiescent(qsbr, w->index);
+		if (++loops % EXPIRE_EVERY == 0)
+			fwd_flow_expire(&w->flows, tsc, EXPIRE_BUDGET);
+		idle = got ? 0 : idle + 1;
+		if (w->idle_sleep_us && idle >= IDLE_LOOPS) {
+			/* Offline while asleep, so a table swap does not wait on us. */
+			rte_rcu_qsbr_thread_offline(qsbr, w->index);
+			usleep(w->idle_sleep_us);
+			rte_rcu_qsbr_thread_online(qsbr, w->index);
+		}
+	}
+	rte_rcu_qsbr_thread_offline(qsbr, w->index);
+	rte_rcu_qsbr_thread_unregister(qsbr, w->index);
+	return 0;
+}

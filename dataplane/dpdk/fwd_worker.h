@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * fwd_worker.h - a worker lcore: RX bursts from its queue of every port,
+ * fwd_packet() on each frame, TX bursts out, the exception path both ways,
+ * and between bursts a quiescent state for the table store and a slice of
+ * flow expiry.
+ */
+#ifndef HPCLB_FWD_WORKER_H
+#define HPCLB_FWD_WORKER_H
+
+#include <stdbool.h>
+
+#include "fwd_flow.h"
+#include "fwd_ports.h"
+#include "fwd_tables.h"
+
+struct fwd_worker {
+	unsigned int index;  /* RCU thread id and queue number on every port */
+	unsigned int lcore;
+	struct fwd_table_store *store;
+	struct fwd_flow_table flows;
+	struct fwd_counters *counters;
+	const struct fwd_port *ports;
+	unsigned int nports;
+	const __u8 (*port_macs)[6];
+	unsigned int idle_sleep_us; /* 0: poll without pause (a dedicated core) */
+	__u64 tx_dropped;           /* frames a full TX queue refused */
+	volatile bool *stop;
+};
+
+/* rte_eal_remote_launch entry point; arg is a struct fwd_worker *. */
+int fwd_worker_main(void *arg);
+
+#endif /* HPCLB_FWD_WORKER_H */
