@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the lab demo on network namespaces")
     p.add_argument("--connections", type=int, default=600)
-    p.add_argument("--dataplane", choices=["xdp"], default="xdp")
+    p.add_argument("--dataplane", choices=["xdp", "dpdk"], default="xdp")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")

@@ -102,6 +102,51 @@ class XdpConfig(_Strict):
     flow_table_size: int = Field(LB_MAX_FLOWS, strict=True, ge=1, le=LB_MAX_FLOWS)
 
 
+class DpdkDriver(StrEnum):
+    AF_XDP = "af_xdp"  # a vdev on the kernel interface (AF_XDP socket)
+    AF_PACKET = "af_packet"  # a vdev on the kernel interface (AF_PACKET socket)
+    PCI = "pci"  # interfaces name PCI addresses of NICs bound to vfio-pci
+
+
+class NumaPolicy(StrEnum):
+    STRICT = "strict"  # refuse a worker lcore on another socket than its port
+    WARN = "warn"
+
+
+PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+class DpdkConfig(_Strict):
+    # None: pci when the interfaces are PCI addresses; otherwise a vdev must
+    # be asked for (af_xdp or af_packet), and `dataplane: auto` picks XDP.
+    driver: DpdkDriver | None = None
+    # The first lcore runs the control channel, each other one a worker with
+    # its own RX/TX queue on every port.
+    lcores: list[Annotated[int, Field(strict=True, ge=0, le=1023)]] = Field(
+        default_factory=lambda: [0, 1], min_length=2, max_length=64)
+    hugepages_mb: int = Field(512, strict=True, ge=64, le=1 << 20)
+    # Grow the 2 MB hugepage pool at start when fewer are free (appliance
+    # provisioning normally reserves them at boot, where memory is unfragmented).
+    reserve_hugepages: bool = False
+    flow_table_size: int = Field(262144, strict=True, ge=64, le=1 << 26)  # per worker
+    flow_timeout_s: int = Field(300, strict=True, ge=1, le=86400)
+    # 0 polls without pause (a dedicated core); a small value lets a shared or
+    # lab host breathe when there is no traffic, at the cost of wake-up latency.
+    idle_sleep_us: int = Field(0, strict=True, ge=0, le=100000)
+    numa: NumaPolicy = NumaPolicy.WARN
+    # One TAP per port gives the kernel what is not for a VIP; the addresses of
+    # a vdev's kernel interface move onto it while the forwarder runs.
+    exception_path: bool = True
+    tap_prefix: str = Field("hpclb", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,12}$")
+
+    @field_validator("lcores")
+    @classmethod
+    def _distinct_lcores(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lcores must be distinct, got {v}")
+        return v
+
+
 class InterfacesConfig(_Strict):
     ingress: IfName
     egress: list[IfName] = Field(default_factory=list, max_length=LB_MAX_PORTS - 1)
@@ -130,6 +175,29 @@ class ApplianceConfig(_Strict):
     # endpoint would let anyone who reaches the port rewrite the tables.
     control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
     xdp: XdpConfig = Field(default_factory=XdpConfig)
+    dpdk: DpdkConfig = Field(default_factory=DpdkConfig)
+
+    @model_validator(mode="after")
+    def _dpdk_ports(self) -> ApplianceConfig:
+        names = [self.interfaces.ingress, *self.interfaces.egress]
+        pci = [bool(PCI_ADDRESS.match(n)) for n in names]
+        if any(pci) and not all(pci):
+            raise _Problems([(("interfaces",), "mix of PCI addresses and interface names: "
+                              "DPDK ports are either all NICs or all vdevs")])
+        if any(pci) and self.dataplane == Dataplane.XDP:
+            raise _Problems([(("dataplane",), "xdp needs kernel interface names, the "
+                              "interfaces are PCI addresses")])
+        if any(pci) and self.dpdk.driver not in (None, DpdkDriver.PCI):
+            raise _Problems([(("dpdk", "driver"), f"{self.dpdk.driver.value} wraps a kernel "
+                              "interface, the interfaces are PCI addresses")])
+        if not any(pci) and self.dpdk.driver == DpdkDriver.PCI:
+            raise _Problems([(("dpdk", "driver"), "pci needs the interfaces as PCI addresses "
+                              "(0000:3b:00.0)")])
+        return self
+
+    @property
+    def pci_ports(self) -> bool:
+        return bool(PCI_ADDRESS.match(self.interfaces.ingress))
 
     @field_validator("hash_key", mode="before")
     @classmethod

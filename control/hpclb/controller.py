@@ -27,7 +27,8 @@ from hpclb import maglev
 from hpclb.config import BackendState as AdminState
 from hpclb.config import ConfigError, HpclbConfig, PoolConfig, load_config
 from hpclb.dataplane.push import push_tables
-from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
+from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
+from hpclb.dataplane.supervisor import DataplaneProcess
 from hpclb.dataplane.tables import (
     MAX_BACKENDS,
     MAX_VIPS,
@@ -72,25 +73,6 @@ class Paths:
         )
 
 
-def xdp_argv(config: HpclbConfig) -> list[str]:
-    """Command line of the XDP daemon for this configuration."""
-    app = config.appliance
-    argv = [
-        find_xdp_daemon(),
-        "--iface", app.interfaces.ingress,
-        "--socket", app.control_socket,
-        "--ring-size", str(app.ring_size),
-        "--flow-table-size", str(app.xdp.flow_table_size),
-        "--xdp-mode", app.xdp.mode.value,
-        "--pin-dir", f"/sys/fs/bpf/hpclb/{app.name}",
-    ]
-    for egress in app.interfaces.egress:
-        argv += ["--egress", egress]
-    if app.netns:
-        argv += ["--netns", app.netns]
-    return argv
-
-
 def warn_small_rings(config: HpclbConfig) -> None:
     """Once per configuration read: pools too large for the ring size."""
     ring_size = config.appliance.ring_size
@@ -130,11 +112,17 @@ class Controller:
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
         self.current: TableSet | None = None
         self.macs: dict[ipaddress.IPv4Address, str] = {}
+        self.choice = choose_dataplane(self.config)
+        log.info("data plane: %s (%s)", self.choice.kind.value, self.choice.reason)
+        host = DpdkHost(self.config, self.paths.run_dir) if self.choice.kind == "dpdk" else None
         self.dataplane = DataplaneProcess(
-            argv=xdp_argv(self.config),
+            argv=dataplane_argv(self.config, self.choice),
             endpoint=self.config.appliance.control_socket,
             pidfile=self.paths.run_dir / f"{self.config.appliance.name}.pid",
             log_path=self.paths.run_dir / f"{self.config.appliance.name}.dataplane.log",
+            before_start=host.before_start if host else None,
+            after_ready=host.after_ready if host else None,
+            after_stop=host.after_stop if host else None,
         )
         self.unresolved: set[ipaddress.IPv4Address] = set()
         self.desired: TableSet | None = None
@@ -237,9 +225,9 @@ class Controller:
         except ConfigError as err:
             log.error("reload refused, keeping the running configuration:\n%s", err)
             return False
-        if xdp_argv(config) != self.dataplane.argv:
-            log.warning("interface, socket or ring settings changed: restart hpclb to apply "
-                        "them; applying the rest now")
+        if dataplane_argv(config, self.choice) != self.dataplane.argv:
+            log.warning("data plane, interface, socket or ring settings changed: restart "
+                        "hpclb to apply them; applying the rest now")
             kept = self.config.appliance.model_copy(update={"hash_key": config.appliance.hash_key})
             config = config.model_copy(update={"appliance": kept})
         self.config = config

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from hpclb.dataplane import exception_path
 from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.supervisor import stop_child, terminate_pid
 from hpclb.lab import Lab
@@ -36,12 +37,14 @@ class LabAppliance:
     """`hpclb run` for a lab, with helpers to change weights and states."""
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
-                 xdp_mode: str = "native", static_macs: bool = False) -> None:
+                 xdp_mode: str = "native", static_macs: bool = False,
+                 dataplane: str = "xdp") -> None:
         self.lab = lab
         self.workdir = workdir
         self.weights = dict(weights)
         self.states: dict[str, str] = dict.fromkeys(weights, "up")
         self.xdp_mode = xdp_mode
+        self.dataplane = dataplane
         # The benchmark sinks everything the appliance sends, ARP included, so
         # it writes the backends' MACs into the configuration instead.
         self.static_macs = static_macs
@@ -64,12 +67,17 @@ class LabAppliance:
         return {
             "appliance": {
                 "name": self.name,
-                "dataplane": "xdp",
+                "dataplane": self.dataplane,
                 "interfaces": {"ingress": "eth0"},
                 "netns": self.lab.lb_ns,
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
                 "xdp": {"mode": self.xdp_mode},
+                # A lab on a small shared host: one worker that naps when idle,
+                # hugepages grown on demand, a modest flow table.
+                "dpdk": {"driver": "af_xdp", "lcores": [0, 1], "hugepages_mb": 256,
+                         "reserve_hugepages": True, "idle_sleep_us": 50,
+                         "flow_table_size": 65536},
             },
             "pools": {"lab": {"weights": "static", "backends": backends}},
             "vips": [
@@ -151,6 +159,11 @@ class LabAppliance:
         # A data plane that died by SIGKILL left its maps pinned; nobody will
         # adopt this lab's pins again.
         shutil.rmtree(f"/sys/fs/bpf/hpclb/{self.name}", ignore_errors=True)
+        # A DPDK forwarder stopped behind a killed `hpclb run` leaves the
+        # appliance's addresses recorded, not given back: the lab outlives it.
+        for record in (self.workdir / "run").glob("*.addresses.json"):
+            with contextlib.suppress(OSError, ValueError):
+                exception_path.give_back(record, self.lab.lb_ns)
 
     def __enter__(self) -> LabAppliance:
         try:

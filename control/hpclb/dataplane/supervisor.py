@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,27 @@ def find_xdp_daemon() -> str:
     raise FileNotFoundError("hpclb-xdp not found: run ./bootstrap (make -C dataplane)")
 
 
+Hook = Callable[[], None]
+
+
 @dataclass
 class DataplaneProcess:
-    """One supervised data-plane process and the client that talks to it."""
+    """One supervised data-plane process and the client that talks to it.
+
+    The hooks let the host follow the process: ``before_start`` runs before
+    every start (e.g. clear what a killed DPDK port left on its interface),
+    ``after_ready`` once it answers, started or adopted (e.g. give its exception
+    TAP the appliance's addresses), ``after_stop`` when it was stopped.
+    """
 
     argv: list[str]
     endpoint: str
     pidfile: Path
     log_path: Path | None = None
     start_timeout_s: float = 20.0
+    before_start: Hook | None = None
+    after_ready: Hook | None = None
+    after_stop: Hook | None = None
     pid: int | None = None
     restarts: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -81,11 +94,15 @@ class DataplaneProcess:
             else:
                 self.pid = pid
                 log.info("adopted running data plane pid %d on %s", pid, self.endpoint)
+                if self.after_ready:
+                    self.after_ready()
                 return True
         self.start()
         return False
 
     def start(self) -> None:
+        if self.before_start:
+            self.before_start()
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
@@ -100,6 +117,8 @@ class DataplaneProcess:
         self.pidfile.write_text(f"{self.pid}\n")
         log.info("started %s (pid %d)", " ".join(self.argv), self.pid)
         self._wait_ready()
+        if self.after_ready:
+            self.after_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -169,6 +188,8 @@ class DataplaneProcess:
         self.client.close()
         self.pidfile.unlink(missing_ok=True)
         self.pid = None
+        if self.after_stop:
+            self.after_stop()
 
     def _pid_from_file(self) -> int | None:
         try:
