@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import selectors
 import signal
 import socket
 import struct
@@ -392,6 +393,17 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--timeout", type=_positive(float, 60), default=1.0)
     u.add_argument("--json", action="store_true")
 
+    us = sub.add_parser("udpstream", help="a steady UDP stream over fixed flows, every "
+                        "datagram counted: sent, answered, and by which backend")
+    us.add_argument("--vip", required=True)
+    us.add_argument("--port", type=_positive(int, 65535), default=8080)
+    us.add_argument("--sports", required=True, help="FIRST-LAST source ports (at most 1000)")
+    us.add_argument("--pps", type=_positive(float, 100_000), default=2000.0)
+    us.add_argument("--duration", type=_positive(float, 3600), default=5.0)
+    us.add_argument("--linger", type=_positive(float, 60), default=1.0,
+                    help="how long to wait for the last answers")
+    us.add_argument("--json", action="store_true")
+
     st = sub.add_parser("stream", help="one long-lived connection, one line per interval")
     st.add_argument("--vip", required=True)
     st.add_argument("--port", type=_positive(int, 65535), default=8080)
@@ -427,6 +439,65 @@ def run_udp_flows(vip: str, port: int, sports: range, timeout: float) -> dict[st
     return {"flows": flows, "errors": dict(errors)}
 
 
+def run_udp_stream(vip: str, port: int, sports: range, pps: float, duration: float,
+                   linger: float) -> dict[str, Any]:
+    """Datagrams at ``pps`` over the flows of ``sports`` (round robin) for
+    ``duration``; each backend answers with its name (DSR, straight back).
+
+    Reports how many were sent and answered, and per flow every backend that
+    answered it: a flow with two names was moved, a missing answer was lost.
+    """
+    socks: dict[int, socket.socket] = {}
+    sel = selectors.DefaultSelector()
+    for sport in sports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sock.bind(("0.0.0.0", sport))
+        sock.connect((vip, port))
+        sock.setblocking(False)
+        socks[sport] = sock
+        sel.register(sock, selectors.EVENT_READ, sport)
+    names: dict[int, Counter[str]] = {sport: Counter() for sport in sports}
+    sent = answered = 0
+    errors: Counter[str] = Counter()
+
+    def receive(wait: float) -> None:
+        nonlocal answered
+        for key, _ in sel.select(wait):
+            for _ in range(64):
+                try:
+                    data = key.fileobj.recv(256)  # type: ignore[union-attr]
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    errors[_error_name(exc)] += 1
+                    break
+                names[key.data][data.decode(errors="replace").strip()] += 1
+                answered += 1
+
+    start = time.monotonic()
+    order = list(sports)
+    try:
+        while (now := time.monotonic()) - start < duration:
+            due = int((now - start) * pps) + 1
+            while sent < due:
+                try:
+                    socks[order[sent % len(order)]].send(b"who\n")
+                except OSError as exc:
+                    errors[_error_name(exc)] += 1
+                sent += 1
+            receive(min(0.001, 1 / pps))
+        end = time.monotonic() + linger
+        while answered < sent and (left := end - time.monotonic()) > 0:
+            receive(left)
+    finally:
+        for sock in socks.values():
+            sock.close()
+    return {"sent": sent, "answered": answered, "errors": dict(errors),
+            "flows": {str(p): dict(c) for p, c in names.items()}}
+
+
 def _print(obj: dict[str, Any], compact: bool) -> None:
     print(json.dumps(obj) if compact else json.dumps(obj, indent=2), flush=True)
 
@@ -450,6 +521,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--sports: FIRST-LAST within 1..65535, at most 5000 ports")
         report = run_udp_flows(args.vip, args.port, sports, args.timeout)
         _print(report, args.json)
+        return 0
+    if args.cmd == "udpstream":
+        first, _, last = args.sports.partition("-")
+        sports = range(int(first), int(last or first) + 1)
+        if not 0 < len(sports) <= 1000 or sports.stop > 65536:
+            raise SystemExit("--sports: FIRST-LAST within 1..65535, at most 1000 ports")
+        _print(run_udp_stream(args.vip, args.port, sports, args.pps, args.duration,
+                              args.linger), args.json)
         return 0
     out = asyncio.run(run_stream(args.vip, args.port, args.interval_ms / 1000, args.duration,
                                  args.timeout))

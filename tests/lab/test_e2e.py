@@ -1,9 +1,10 @@
-"""Lab end-to-end: real packets through the XDP data plane in DSR mode.
+"""Lab end-to-end: real packets through each data plane in DSR mode.
 
 Client, appliance and three backends in network namespaces; `hpclb run` with
-the XDP program attached natively to the appliance's veth; real TCP
-connections and UDP flows from the client; backends answer with their names
-straight to the client (DSR).
+the XDP program attached natively to the appliance's veth, or with the DPDK
+forwarder on that veth (net_af_xdp, the appliance's addresses on its exception
+TAP); real TCP connections and UDP flows from the client; backends answer with
+their names straight to the client (DSR). Every test runs on both.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hpclb.flowhash import flow_slot
@@ -23,7 +26,7 @@ from hpclb.lab import DEFAULT_PASS_OBJ, Lab
 from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP)"
+    os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP, hugepages)"
 )
 
 WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 2.0}
@@ -37,9 +40,14 @@ def lab() -> Iterator[Lab]:
         yield lab
 
 
+@pytest.fixture(params=["xdp", "dpdk"])
+def dataplane(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def appliance(lab: Lab, tmp_path: Path) -> Iterator[LabAppliance]:
-    with LabAppliance(lab, tmp_path, WEIGHTS) as appliance:
+def appliance(lab: Lab, tmp_path: Path, dataplane: str) -> Iterator[LabAppliance]:
+    with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane) as appliance:
         yield appliance
 
 
@@ -54,18 +62,64 @@ def udp_flows(lab: Lab, sports: str) -> dict[str, str]:
     return dict(report["flows"])
 
 
-def test_attached_natively(appliance: LabAppliance) -> None:
+def test_the_configured_data_plane_runs(appliance: LabAppliance, dataplane: str) -> None:
     hello = appliance.client.hello()
-    assert (hello["dataplane"], hello["attach_mode"]) == ("xdp", "native")
+    expected = {"xdp": ("xdp", "native"), "dpdk": ("dpdk", "poll")}[dataplane]
+    assert (hello["dataplane"], hello["attach_mode"]) == expected
+    assert f"data plane: {dataplane} (configured)" in appliance.log_text()
 
 
-def test_1000_connections_follow_the_weights(lab: Lab, appliance: LabAppliance) -> None:
-    """1000 TCP connections from source ports 41000..41999 (a fixed set of
-    flows, so the shares are reproducible): every connection lands on the
-    backend the model predicts from the data plane's own ring, and the shares
-    are within 5 points of the weights."""
+def test_the_appliance_itself_stays_reachable(lab: Lab, appliance: LabAppliance,
+                                              dataplane: str) -> None:
+    """Management traffic is not for a VIP: the kernel answers it (through the
+    DPDK forwarder's exception TAP, which carries the appliance's address)."""
+    assert lab.ping("cli", lab.ip_of("lb"), count=3)
+    if dataplane == "dpdk":
+        addrs = lab.exec("lb", ["ip", "-4", "-o", "addr", "show", "dev", "hpclb0"]).stdout
+        assert f"{lab.ip_of('lb')}/" in addrs
+        assert lab.exec("lb", ["ip", "-4", "-o", "addr", "show", "dev", "eth0"]).stdout == ""
+        stats = appliance.client.stats()
+        assert stats["counters"]["pass_not_ipv4"] > 0  # ARP for the appliance, via the TAP
+        assert stats["ports"][0]["rx_packets"] > 0
+
+
+def test_ring_patches_under_a_udp_stream_lose_and_move_nothing(
+        lab: Lab, appliance: LabAppliance) -> None:
+    """100 ring patches while a steady UDP stream runs over 200 flows: every
+    datagram is answered, each flow by one backend only (patches move slots,
+    never a pinned flow)."""
+    import sys
+
+    vip_id = next(v["vip_id"] for v in appliance.client.dump()["vips"] if v["proto"] == 17)
+    ids = np.array(sorted(b["id"] for b in appliance.client.dump()["backends"]), dtype=np.uint32)
+    stream = lab.popen("cli", [sys.executable, "-m", "hpclb.labnode", "udpstream", "--vip",
+                               LAB_VIP, "--port", str(LAB_PORT), "--sports", "26000-26199",
+                               "--pps", "2000", "--duration", "6", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    rng = np.random.default_rng(3)
+    time.sleep(0.5)
+    ring_size = len(appliance.client.get_ring(vip_id))
+    for _ in range(100):
+        slots = np.unique(rng.integers(0, ring_size, 600)).astype(np.uint32)
+        appliance.client.patch_ring(vip_id, slots, rng.choice(ids, len(slots)))
+        time.sleep(0.04)
+    report = lab.wait_json(stream, timeout=60)
+    assert report["errors"] == {}, report
+    assert report["sent"] > 5000
+    assert report["answered"] == report["sent"], "datagrams lost"
+    moved = {sport: names for sport, names in report["flows"].items() if len(names) != 1}
+    assert moved == {}, f"flows answered by more than one backend: {moved}"
+
+
+def test_1000_connections_follow_the_weights(lab: Lab, appliance: LabAppliance,
+                                            dataplane: str) -> None:
+    """1000 TCP connections from fixed source ports (41000.. for XDP, 43000..
+    for DPDK: the other run's connections are still in TIME_WAIT), so the
+    shares are reproducible: every connection lands on the backend the model
+    predicts from the data plane's own ring, and the shares are within 5
+    points of the weights."""
     report = lab.run_client(LAB_VIP, LAB_PORT, connections=1000, concurrency=50,
-                            sport_first=41000)
+                            sport_first={"xdp": 41000, "dpdk": 43000}[dataplane])
     assert report["failures"] == 0, report["errors"]
     total_w = sum(WEIGHTS.values())
     for name, w in WEIGHTS.items():
@@ -148,9 +202,11 @@ def test_broken_reload_keeps_the_running_configuration(lab: Lab,
 
 def test_killed_data_plane_is_restarted_without_breaking_a_stream(
         lab: Lab, appliance: LabAppliance) -> None:
-    """kill -9 of hpclb-xdp: the attached program keeps forwarding from the
-    pinned maps, `hpclb run` restarts the daemon, which adopts the maps, and
-    pushes the tables again; a TCP stream running across it never notices."""
+    """kill -9 of the data plane; `hpclb run` restarts it and pushes the tables
+    again. XDP: the attached program keeps forwarding from the pinned maps. DPDK:
+    the forwarder is the data path, so packets wait for the restart (about a
+    second), which TCP's retransmission covers. A TCP stream running across it
+    never notices either way."""
     stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0)
     time.sleep(1.0)
     pid = appliance.dataplane_pid()
@@ -165,7 +221,8 @@ def test_killed_data_plane_is_restarted_without_breaking_a_stream(
     assert lab.run_client(LAB_VIP, LAB_PORT, connections=200)["failures"] == 0
 
 
-def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_path: Path) -> None:
+def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_path: Path,
+                                                               dataplane: str) -> None:
     """A backend whose MAC cannot be resolved does not stop the appliance: it is
     held DOWN, out of the ring, and enters once it answers ARP (the retry)."""
     lab.set_backend_link(2, up=False)
@@ -173,7 +230,7 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
     # after a reboot, so that the MAC must come from ARP.
     lab.exec("lb", ["ip", "neigh", "flush", "all"])
     try:
-        with LabAppliance(lab, tmp_path, WEIGHTS) as appliance:
+        with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane) as appliance:
             assert "taken out of the ring" in appliance.log_text()
             states = {b["id"]: b["state"] for b in appliance.client.dump()["backends"]}
             assert sorted(states.values()) == [0, 0, 2], states  # b2 DOWN
@@ -197,14 +254,17 @@ def test_backend_that_does_not_answer_arp_is_out_until_it_does(lab: Lab, tmp_pat
         lab.set_backend_link(2, up=True)
 
 
-def test_wedged_data_plane_is_killed_and_restarted(lab: Lab, appliance: LabAppliance) -> None:
+def test_wedged_data_plane_is_killed_and_restarted(lab: Lab, appliance: LabAppliance,
+                                                   dataplane: str) -> None:
     """A data plane that stops answering (SIGSTOP) is killed after three missed
-    hellos and restarted; the attached program forwards all along."""
+    hellos and restarted. XDP: the attached program forwards all along (a
+    stopped DPDK forwarder is a stopped data path, so only XDP is asked to)."""
     before = udp_flows(lab, "25000-25049")
     pid = appliance.dataplane_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
-        assert udp_flows(lab, "25000-25049") == before, "forwarding while wedged"
+        if dataplane == "xdp":
+            assert udp_flows(lab, "25000-25049") == before, "forwarding while wedged"
         deadline = time.monotonic() + 90
         while appliance.dataplane_pid() == pid:
             assert time.monotonic() < deadline, appliance.log_text()
