@@ -142,8 +142,20 @@ static int f_read_stats(void *c, struct lb_counter *g, struct lb_counter *v, str
 	return 0;
 }
 
+/* Port 0 reads; any other port's driver fails (the reply shows an empty map). */
+static int f_read_port_stats(void *c, __u32 port, struct lb_port_stats *out)
+{
+	(void)c;
+	if (port != 0)
+		return -EIO;
+	out->rx_packets = 4;
+	out->rx_crc_errors = 5;
+	return 0;
+}
+
 static const struct lb_dataplane_ops ops = {
 	f_set_config, f_set_vip, f_del_vip, f_set_backends, f_write_ring, f_patch_ring, f_read_stats,
+	f_read_port_stats,
 };
 
 /* The fake data plane and the server's shadow agree. */

@@ -1,6 +1,7 @@
-"""The table-protocol server (dataplane/common/lb_proto.c) inside the real daemon.
+"""The table-protocol server (dataplane/common/lb_proto.c) inside the real daemons.
 
-Starts ``dataplane/build/hpclb-xdp --no-attach`` on a veth pair in a fresh
+Every test runs against both: ``hpclb-dpdk`` on net_af_xdp ports, and
+``dataplane/build/hpclb-xdp --no-attach``, on a veth pair in a fresh
 network namespace and talks to it over its ZeroMQ socket: every operation of
 PROTOCOL.md, then malformed, truncated, oversized and random messages, each of
 which must get ``ok: false`` with an error naming the problem while the daemon
@@ -33,6 +34,14 @@ from typing import Any, TypeVar
 import msgpack
 import pytest
 import zmq
+
+from hpclb.dataplane.dpdk import (
+    DpdkLaunch,
+    DpdkPort,
+    find_dpdk_forwarder,
+    forwarder_argv,
+    reserve_hugepages,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMON = Path(os.environ.get("HPCLB_XDP_BIN") or REPO / "dataplane/build/hpclb-xdp")
@@ -104,6 +113,7 @@ class Daemon:
     endpoint: str
     pin_dir: Path
     log_path: Path
+    kind: str  # "xdp" or "dpdk": the same server behind both
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -112,18 +122,38 @@ class Daemon:
         assert self.proc.poll() is None, f"daemon exited:\n{self.log()[-4000:]}"
 
 
-@pytest.fixture(scope="module")
-def daemon(netns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("hpclb-xdp")
+def _dpdk_argv(netns: str, endpoint: str, tag: str) -> list[str]:
+    launch = DpdkLaunch(
+        ports=(DpdkPort(0, "af_xdp", iface="va"), DpdkPort(1, "af_xdp", iface="vb")),
+        socket=endpoint, netns=netns, flow_table_size=4096, idle_sleep_us=100,
+        socket_mem_mb=256, file_prefix=f"hpclbt-{tag}",
+    )
+    if reserve_hugepages(launch.socket_mem_mb) < launch.socket_mem_mb:
+        pytest.fail(f"cannot reserve {launch.socket_mem_mb} MB of hugepages for hpclb-dpdk")
+    return [*forwarder_argv(launch), "--log-level", "debug"]
+
+
+@pytest.fixture(scope="module", params=["xdp", "dpdk"])
+def daemon(netns: str, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    kind = str(request.param)
+    tmp = tmp_path_factory.mktemp(f"hpclb-{kind}")
     tag = uuid.uuid4().hex[:10]
     endpoint = f"ipc://{tmp}/dataplane.sock"
     pin_dir = Path(f"/sys/fs/bpf/hpclbt-{tag}")
     log_path = tmp / "daemon.log"
-    argv = [
-        str(DAEMON), "--netns", netns, "--iface", "va", "--egress", "vb",
-        "--socket", endpoint, "--pin-dir", str(pin_dir), "--flow-table-size", "4096",
-        "--no-attach", "--log-level", "debug",
-    ]
+    if kind == "dpdk":
+        if USE_VALGRIND:
+            pytest.skip("valgrind cannot follow DPDK (hugepage memory, its own allocator)")
+        if not os.access(find_dpdk_forwarder(), os.X_OK):
+            pytest.fail("hpclb-dpdk not built: run make -C dataplane")
+        argv = _dpdk_argv(netns, endpoint, tag)
+    else:
+        argv = [
+            str(DAEMON), "--netns", netns, "--iface", "va", "--egress", "vb",
+            "--socket", endpoint, "--pin-dir", str(pin_dir), "--flow-table-size", "4096",
+            "--no-attach", "--log-level", "debug",
+        ]
     if USE_VALGRIND:
         argv = [
             "valgrind", "--leak-check=full", "--show-leak-kinds=all",
@@ -133,10 +163,10 @@ def daemon(netns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dae
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
-    d = Daemon(proc, endpoint, pin_dir, log_path)
+    d = Daemon(proc, endpoint, pin_dir, log_path, kind)
     try:
         deadline = time.monotonic() + (120 if USE_VALGRIND else 30)
-        while "hpclb-xdp: ready" not in d.log():
+        while f"hpclb-{kind}: ready" not in d.log():
             d.assert_alive()
             assert time.monotonic() < deadline, f"daemon not ready:\n{d.log()[-4000:]}"
             time.sleep(0.05)
@@ -294,20 +324,39 @@ def test_server_selftest(tmp_path: Path) -> None:
 
 
 @needs_root
-def test_hello(client: Client) -> None:
+def test_hello(client: Client, daemon: Daemon) -> None:
     h = client.call("hello")
-    assert h["dataplane"] == "xdp" and h["version"] == 1
+    assert h["dataplane"] == daemon.kind and h["version"] == 1
     assert h["ring_size"] == RING_SIZE
     assert (h["max_vips"], h["max_backends"], h["max_ports"]) == (MAX_VIPS, MAX_BACKENDS, 8)
-    assert h["attach_mode"] == "none"  # --no-attach
-    assert [p["ifname"] for p in h["ports"]] == ["va", "vb"]
     assert [p["index"] for p in h["ports"]] == [0, 1]
     assert all(len(p["mac"]) == 6 and p["ifindex"] > 0 for p in h["ports"])
-    assert set(h["capabilities"]) >= {"dsr", "patch_ring", "xdp_tx", "redirect"}
+    if daemon.kind == "xdp":
+        assert h["attach_mode"] == "none"  # --no-attach
+        assert [p["ifname"] for p in h["ports"]] == ["va", "vb"]
+        assert set(h["capabilities"]) >= {"dsr", "patch_ring", "xdp_tx", "redirect"}
+    else:
+        assert h["attach_mode"] == "poll"
+        assert [p["ifname"] for p in h["ports"]] == ["net_af_xdp0", "net_af_xdp1"]
+        assert set(h["capabilities"]) >= {"dsr", "patch_ring", "redirect", "arp_reply"}
+
+
+@needs_root
+def test_dpdk_stats_carry_the_ports_counters(client: Client, daemon: Daemon) -> None:
+    stats = client.call("stats")
+    if daemon.kind == "xdp":
+        assert "ports" not in stats  # the kernel's own counters are ip -s link's
+        return
+    assert len(stats["ports"]) == 2
+    for port in stats["ports"]:
+        assert set(port) == {"rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "rx_missed",
+                             "rx_errors", "tx_errors", "rx_nombuf", "rx_crc_errors"}
 
 
 @needs_root
 def test_pins(daemon: Daemon) -> None:
+    if daemon.kind != "xdp":
+        pytest.skip("only the XDP daemon pins BPF maps")
     names = {p.name for p in daemon.pin_dir.iterdir()}
     assert {"lb_xdp", "vip_map", "backend_map", "ring_map", "flow_map", "config_map",
             "port_map", "tx_devmap", "stats_map", "vip_stats_map",
@@ -348,7 +397,7 @@ def test_tables_round_trip(configured: Client, daemon: Daemon) -> None:
     assert c.call("get_ring", vip_id=VIP_ID)["slots"] == ring_bytes(ring)
 
     # The writes reached the maps the XDP program reads.
-    if shutil.which("bpftool"):
+    if daemon.kind == "xdp" and shutil.which("bpftool"):
         for s in (0, 5, 96, 97, RING_SIZE - 1):
             assert bpf_lookup(daemon.pin_dir / "ring_map", VIP_ID * RING_SIZE + s) == ring[s]
         assert bpf_lookup(daemon.pin_dir / "ring_map", 0) == NO_BACKEND
@@ -374,7 +423,7 @@ def test_del_vip_resets_ring(configured: Client, daemon: Daemon) -> None:
     assert c.call("dump")["vips"] == []
     r = c.req({"v": 1, "op": "get_ring", "vip_id": VIP_ID})
     assert not r["ok"] and "not configured" in r["error"]
-    if shutil.which("bpftool"):
+    if daemon.kind == "xdp" and shutil.which("bpftool"):
         assert bpf_lookup(daemon.pin_dir / "ring_map", VIP_ID * RING_SIZE + 1) == NO_BACKEND
     # Re-created, the VIP starts with an empty ring.
     c.call("set_vip", vip_id=VIP_ID, addr=VIP_ADDR, port=80, proto=6, mode=0)
