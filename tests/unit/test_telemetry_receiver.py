@@ -1,0 +1,427 @@
+"""The telemetry receiver, end to end over real ZeroMQ CURVE on tcp://127.0.0.1.
+
+Agents are the real Publisher (or the real ``hpclb-agent run``); keys are real
+pyzmq certificates. Every wait polls for its condition with a generous deadline:
+the machine is shared and has two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+import zmq.auth
+
+from hpclb.agent import main as agent_main
+from hpclb.agent.publisher import Publisher
+from hpclb.telemetry import (
+    MAX_MESSAGE_BYTES,
+    TelemetryMessage,
+    encode,
+    to_node_sample,
+)
+from hpclb.telemetry_receiver import (
+    AgentIdentity,
+    AllowListError,
+    ReceiverThread,
+    TelemetryReceiver,
+    load_allow_list,
+)
+from hpclb.weights import WeightTracker
+
+TIMEOUT = 30.0
+AGENT = Path(sys.executable).parent / "hpclb-agent"
+
+
+def wait_for(cond: Callable[[], object], timeout: float = TIMEOUT, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every)
+    return bool(cond())
+
+
+def send_until(pub: Publisher, payload: bytes, cond: Callable[[], object]) -> bool:
+    """Keep sending ``payload`` until ``cond()`` holds (a send before the handshake
+    is dropped, and a refused agent redials only now and then)."""
+    def step() -> object:
+        pub.send(payload)
+        return cond()
+    return wait_for(step)
+
+
+def message(node: str, seq: int = 0, **kw: Any) -> TelemetryMessage:
+    fields: dict[str, Any] = {"node": node, "time": time.time(), "seq": seq, "interval_s": 5.0,
+                              "cpu_load": 0.25, "mem_used": 1e9, "mem_total": 4e9,
+                              "numa_nodes": 1}
+    fields.update(kw)
+    return TelemetryMessage(**fields)
+
+
+class Keys:
+    """A key directory like an installation's: server pair, agent pairs, allow-list."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.allow = root / "allow"
+        self.allow.mkdir()
+        self.server = self.make("server")
+
+    def make(self, name: str, allow: bool = False) -> Path:
+        """Writes NAME.key / NAME.key_secret; returns the secret file."""
+        zmq.auth.create_certificates(self.root, name)
+        if allow:
+            shutil.copy(self.root / f"{name}.key", self.allow / f"{name}.key")
+        return self.root / f"{name}.key_secret"
+
+    def publisher(self, endpoint: str, name: str, server: str = "server") -> Publisher:
+        server_pub, _ = zmq.auth.load_certificate(self.root / f"{server}.key")
+        pub, sec = zmq.auth.load_certificate(self.root / f"{name}.key_secret")
+        assert sec is not None
+        return Publisher(endpoint, server_pub, pub, sec, linger_ms=0)
+
+    def public_z85(self, name: str) -> str:
+        return zmq.auth.load_certificate(self.root / f"{name}.key")[0].decode()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    k = Keys(tmp_path)
+    k.make("n1", allow=True)
+    k.make("n2", allow=True)
+    k.make("rogue")  # has a keypair, is not on the allow-list
+    return k
+
+
+class Running:
+    def __init__(self, thread: ReceiverThread, got: queue.Queue[tuple[TelemetryMessage,
+                                                                      AgentIdentity]]) -> None:
+        self.thread, self.got = thread, got
+        self.endpoint = thread.endpoint or ""
+
+    def counters(self) -> dict[str, Any]:
+        return self.thread.counters()
+
+    def deliver(self, pub: Publisher, msg: TelemetryMessage) -> tuple[TelemetryMessage,
+                                                                      AgentIdentity]:
+        """Send until one message arrives (the first sends may precede the handshake,
+        which IMMEDIATE turns into a drop); returns what arrived."""
+        payload = encode(msg)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            pub.send(payload)
+            try:
+                return self.got.get(timeout=0.2)
+            except queue.Empty:
+                continue
+        raise AssertionError("message never delivered")
+
+
+@pytest.fixture
+def receiver(keys: Keys) -> Iterator[Running]:
+    got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
+    rx = TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret", keys.allow,
+                           lambda m, i: got.put((m, i)))
+    th = ReceiverThread(rx)
+    th.start()
+    try:
+        yield Running(th, got)
+    finally:
+        th.stop()
+
+
+def test_allowed_key_is_delivered_with_its_identity(keys: Keys, receiver: Running) -> None:
+    pub = keys.publisher(receiver.endpoint, "n1")
+    try:
+        msg, who = receiver.deliver(pub, message("n1"))
+    finally:
+        pub.close()
+    assert msg.node == "n1" and msg.cpu_load == 0.25
+    assert who == AgentIdentity(node="n1", key=keys.public_z85("n1"))
+    assert who.key_id == keys.public_z85("n1")[:8]
+    c = receiver.counters()
+    assert c["accepted"] >= 1 and c["allow_list"] == 2 and c["handshakes"]["ok"] >= 1
+    assert c["rejected_key_total"] == 0 and sum(c["malformed"].values()) == 0
+
+
+def test_unknown_key_is_rejected_and_counted(keys: Keys, receiver: Running) -> None:
+    rogue_id = keys.public_z85("rogue")[:8]
+    rogue = keys.publisher(receiver.endpoint, "rogue")
+    good = keys.publisher(receiver.endpoint, "n1")
+    try:
+        payload = encode(message("n1"))  # even claiming an allowed node's name
+        assert send_until(rogue, payload,
+                          lambda: receiver.counters()["rejected_keys"].get(rogue_id, 0) >= 1)
+        assert wait_for(lambda: (rogue.poll_events(), rogue.auth_failures)[1] >= 1)
+        assert not rogue.connected
+        # An allowed agent still gets through, and only it does.
+        receiver.deliver(good, message("n1", seq=7))
+    finally:
+        rogue.close()
+        good.close()
+    assert receiver.got.empty()
+    c = receiver.counters()
+    assert c["rejected_keys"][rogue_id] >= 1
+    assert c["rejected_key_total"] == sum(c["rejected_keys"].values())
+    assert c["handshakes"]["failed_auth"] >= 1
+    assert c["accepted"] == 1
+
+
+def test_a_key_cannot_speak_for_another_node(keys: Keys, receiver: Running) -> None:
+    pub = keys.publisher(receiver.endpoint, "n1")
+    try:
+        payload = encode(message("n2"))  # n1's key, n2's name
+        assert send_until(pub, payload,
+                          lambda: receiver.counters()["node_mismatch"].get("n1", 0) >= 1)
+        assert receiver.got.empty()
+        msg, who = receiver.deliver(pub, message("n1"))  # its own name still works
+    finally:
+        pub.close()
+    assert (msg.node, who.node) == ("n1", "n1")
+    assert receiver.counters()["node_mismatch"] == {"n1": receiver.counters()
+                                                    ["node_mismatch"]["n1"]}
+
+
+def test_malformed_messages_are_counted_and_the_receiver_carries_on(
+        keys: Keys, receiver: Running) -> None:
+    pub = keys.publisher(receiver.endpoint, "n1")
+    try:
+        receiver.deliver(pub, message("n1", seq=0))  # connected from here on
+        good = encode(message("n1", seq=1))
+        bad = {
+            "msgpack": [good[: len(good) // 2], b"\xc1\xc1\xc1", os.urandom(0)],
+            "oversized": [good + b"\x00" * MAX_MESSAGE_BYTES],
+            "not_map": [msgpack.packb([1, 2, 3])],
+            "version": [msgpack.packb({"v": 99, "node": "n1"})],
+            "schema": [msgpack.packb({"v": 1, "node": "n1", "cpu_load": "high"})],
+        }
+        for payloads in bad.values():
+            for p in payloads:  # the send queue is short (SNDHWM): retry until queued
+                assert wait_for(lambda p=p: pub.send(p))
+        # multipart: the Publisher never sends one, a raw CURVE socket can
+        server_pub, _ = zmq.auth.load_certificate(keys.root / "server.key")
+        n1_pub, n1_sec = zmq.auth.load_certificate(keys.root / "n1.key_secret")
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as raw:
+            raw.curve_serverkey, raw.curve_publickey = server_pub, n1_pub
+            raw.curve_secretkey = n1_sec  # type: ignore[assignment]
+            raw.linger = 5000
+            raw.connect(receiver.endpoint)
+            raw.send_multipart([good, good])
+        expected = {reason: len(p) for reason, p in bad.items()} | {"multipart": 1}
+        assert wait_for(lambda: receiver.counters()["malformed"] == expected), \
+            receiver.counters()["malformed"]
+        msg, _ = receiver.deliver(pub, message("n1", seq=2))  # still working
+    finally:
+        pub.close()
+    assert msg.seq == 2
+    assert receiver.counters()["accepted"] >= 2
+
+
+def test_garbage_values_reach_the_callback_for_weights_to_reject(keys: Keys,
+                                                                 receiver: Running) -> None:
+    pub = keys.publisher(receiver.endpoint, "n1")
+    try:
+        msg, _ = receiver.deliver(pub, message("n1", cpu_load=float("nan"), mem_used=-1.0))
+    finally:
+        pub.close()
+    tracker = WeightTracker()
+    assert not tracker.observe(to_node_sample(msg, rtt_ms=1.0), now=time.time())
+    assert tracker.rejection_counts()["non_finite"] == 1
+
+
+def test_allow_list_reload(keys: Keys, receiver: Running) -> None:
+    keys.make("n3")
+    n3 = keys.publisher(receiver.endpoint, "n3")
+    n1 = keys.publisher(receiver.endpoint, "n1")
+    try:
+        receiver.deliver(n1, message("n1"))
+        n3_id = keys.public_z85("n3")[:8]
+        assert send_until(n3, encode(message("n3")),
+                          lambda: receiver.counters()["rejected_keys"].get(n3_id, 0) >= 1)
+        # Allow n3, revoke n1: n3's next handshake (it redials) gets in; n1's open
+        # connection is refused from its next message on.
+        shutil.copy(keys.root / "n3.key", keys.allow / "n3.key")
+        (keys.allow / "n1.key").unlink()
+        assert receiver.thread.reload_allow_list() == 2
+        _, who = receiver.deliver(n3, message("n3"))  # n3 redialled by itself
+        assert who.node == "n3"
+        assert send_until(n1, encode(message("n1")),
+                          lambda: receiver.counters()["unknown_identity"] >= 1)
+        # A broken file: the reload fails and the list in force stays.
+        (keys.allow / "junk.key").write_text("not a certificate\n")
+        with pytest.raises(AllowListError, match=r"junk\.key"):
+            receiver.thread.reload_allow_list()
+        assert receiver.counters()["allow_list"] == 2
+        receiver.deliver(n3, message("n3", seq=1))
+    finally:
+        n3.close()
+        n1.close()
+
+
+def test_wrong_server_key_fails_the_handshake(keys: Keys, receiver: Running) -> None:
+    keys.make("impostor-server")
+    pub = keys.publisher(receiver.endpoint, "n1", server="impostor-server")
+    try:
+        payload = encode(message("n1"))
+
+        def failed() -> bool:
+            pub.send(payload)
+            h = receiver.counters()["handshakes"]
+            return h["failed_protocol"] + h["failed_no_detail"] + h["failed_auth"] >= 1
+
+        assert wait_for(failed)
+    finally:
+        pub.close()
+    assert receiver.got.empty() and receiver.counters()["accepted"] == 0
+
+
+def test_allow_list_files(keys: Keys, tmp_path: Path) -> None:
+    allowed = load_allow_list(keys.allow)
+    assert sorted(allowed.values()) == ["n1", "n2"]
+    assert allowed[keys.public_z85("n1")] == "n1"
+    with pytest.raises(AllowListError, match="does not exist"):
+        load_allow_list(tmp_path / "nowhere")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(keys.root / "n1.key", bad / "n1.key")
+    shutil.copy(keys.root / "n1.key", bad / "n1-again.key")
+    with pytest.raises(AllowListError, match="same key"):
+        load_allow_list(bad)
+    (bad / "n1-again.key").unlink()
+    shutil.copy(keys.root / "n2.key", bad / "-bad name.key")
+    with pytest.raises(AllowListError, match="not a node id"):
+        load_allow_list(bad)
+    with pytest.raises(AllowListError, match="has no secret key"):
+        TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key", keys.allow,
+                          lambda m, i: None)
+
+
+def test_clean_stop_frees_the_port_and_is_idempotent(keys: Keys) -> None:
+    rx = TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret", keys.allow,
+                           lambda m, i: None)
+    th = ReceiverThread(rx)
+    th.start()
+    endpoint = th.endpoint
+    assert endpoint is not None
+    th.stop()
+    th.stop()
+    again = ReceiverThread(TelemetryReceiver(endpoint, keys.root / "server.key_secret",
+                                             keys.allow, lambda m, i: None))
+    again.start()  # the same port binds again: the first one let it go
+    again.stop()
+    busy = ReceiverThread(TelemetryReceiver("tcp://256.0.0.1:1", keys.root /
+                                            "server.key_secret", keys.allow,
+                                            lambda m, i: None))
+    with pytest.raises(zmq.ZMQError):
+        busy.start()
+
+
+def test_in_an_asyncio_loop_with_an_async_callback(keys: Keys) -> None:
+    async def scenario() -> tuple[list[str], dict[str, Any]]:
+        seen: list[str] = []
+
+        async def on_message(msg: TelemetryMessage, who: AgentIdentity) -> None:
+            await asyncio.sleep(0)
+            if msg.seq == 1:
+                raise RuntimeError("a callback bug")  # counted, not fatal
+            seen.append(f"{who.node}:{msg.seq}")
+
+        async with TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret",
+                                     keys.allow, on_message) as rx:
+            assert rx.endpoint is not None
+            pub = keys.publisher(rx.endpoint, "n2")
+            try:
+                for seq in range(3):
+                    deadline = time.monotonic() + TIMEOUT
+                    while len(seen) + rx.counters()["callback_errors"] <= seq:
+                        assert time.monotonic() < deadline, "not delivered"
+                        pub.send(encode(message("n2", seq=seq)))
+                        await asyncio.sleep(0.1)
+            finally:
+                pub.close()
+            return seen, rx.counters()
+
+    seen, counters = asyncio.run(scenario())
+    assert seen[0] == "n2:0" and seen[-1] == "n2:2"
+    assert counters["callback_errors"] >= 1
+
+
+def test_the_agent_process_end_to_end(keys: Keys, receiver: Running) -> None:
+    """``hpclb-agent run`` publishes at its adaptive interval; its messages become
+    accepted weight samples; SIGTERM ends it cleanly."""
+    if not AGENT.exists():
+        pytest.skip(f"{AGENT} not installed (pip install -e .)")
+    proc = subprocess.Popen(
+        [str(AGENT), "run", "--connect", receiver.endpoint, "--node-id", "n1",
+         "--server-key", str(keys.root / "server.key"), "--key",
+         str(keys.root / "n1.key_secret"), "--base-interval", "0.2", "--min-interval", "0.1",
+         "--max-interval", "0.4"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        got = [receiver.got.get(timeout=TIMEOUT) for _ in range(3)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert "SIGTERM: stopping" in err
+    seqs = [m.seq for m, _ in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    tracker = WeightTracker()
+    for m, who in got:
+        assert who.node == "n1" and 0.2 <= m.interval_s <= 0.4
+        assert tracker.observe(to_node_sample(m, rtt_ms=0.5), now=time.time())
+
+
+def test_agent_cli_keys_work_with_the_receiver(tmp_path: Path) -> None:
+    """The layout the docs give: keygen on the node, <node>.key into the allow-list."""
+    curve, allow = tmp_path / "curve", tmp_path / "allow"
+    assert agent_main.main(["keygen", str(curve), "--name", "server"]) == 0
+    assert agent_main.main(["keygen", str(curve), "--name", "node07"]) == 0
+    allow.mkdir()
+    shutil.copy(curve / "node07.key", allow / "node07.key")
+    got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
+    th = ReceiverThread(TelemetryReceiver("tcp://127.0.0.1:*", curve / "server.key_secret",
+                                          allow, lambda m, i: got.put((m, i))))
+    th.start()
+    try:
+        server_pub, _ = agent_main.load_keys(curve / "server.key", need_secret=False)
+        pub, sec = agent_main.load_keys(curve / "node07.key_secret", need_secret=True)
+        assert th.endpoint is not None and sec is not None
+        p = Publisher(th.endpoint, server_pub, pub, sec, linger_ms=0)
+        try:
+            msg, who = Running(th, got).deliver(p, message("node07"))
+        finally:
+            p.close()
+    finally:
+        th.stop()
+    assert who.node == "node07" and msg.node == "node07"
+
+
+def test_publisher_never_blocks_without_a_control_plane(keys: Keys) -> None:
+    with zmq.Context() as ctx, ctx.socket(zmq.PULL) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    # Nobody listens there now: every send is dropped at once, close is bounded.
+    pub = keys.publisher(f"tcp://127.0.0.1:{port}", "n1")
+    t0 = time.monotonic()
+    results = [pub.send(encode(message("n1", seq=i))) for i in range(50)]
+    pub.close()
+    assert time.monotonic() - t0 < 5.0
+    assert not any(results) and pub.dropped == 50 and pub.sent == 0
