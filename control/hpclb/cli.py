@@ -56,7 +56,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from hpclb.bench import run_bench
 
-    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials, flows=args.flows)
+    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials, flows=args.flows,
+                     ndr_steps=args.ndr_steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")
     p.add_argument("--out", type=Path, default=Path("results/bench.json"))
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--flows", type=int, default=50000, help="distinct UDP source ports, 1..64000")
+    p.add_argument("--ndr-steps", type=int, default=6,
+                   help="binary-search steps of the no-drop-rate search (0: full speed only)")
     p.set_defaults(func=_cmd_bench)
     return parser
 

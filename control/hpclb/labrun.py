@@ -38,13 +38,16 @@ class LabAppliance:
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
                  xdp_mode: str = "native", static_macs: bool = False,
-                 dataplane: str = "xdp") -> None:
+                 dataplane: str = "xdp", dpdk_idle_sleep_us: int = 50) -> None:
         self.lab = lab
         self.workdir = workdir
         self.weights = dict(weights)
         self.states: dict[str, str] = dict.fromkeys(weights, "up")
         self.xdp_mode = xdp_mode
         self.dataplane = dataplane
+        # A lab on a small shared host lets the DPDK worker nap when idle; the
+        # benchmark sets 0 (busy polling, as on an appliance).
+        self.dpdk_idle_sleep_us = dpdk_idle_sleep_us
         # The benchmark sinks everything the appliance sends, ARP included, so
         # it writes the backends' MACs into the configuration instead.
         self.static_macs = static_macs
@@ -73,10 +76,10 @@ class LabAppliance:
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
                 "xdp": {"mode": self.xdp_mode},
-                # A lab on a small shared host: one worker that naps when idle,
-                # hugepages grown on demand, a modest flow table.
+                # A lab on a small shared host: one worker, hugepages grown on
+                # demand, a modest flow table.
                 "dpdk": {"driver": "af_xdp", "lcores": [0, 1], "hugepages_mb": 256,
-                         "reserve_hugepages": True, "idle_sleep_us": 50,
+                         "reserve_hugepages": True, "idle_sleep_us": self.dpdk_idle_sleep_us,
                          "flow_table_size": 65536},
             },
             "pools": {"lab": {"weights": "static", "backends": backends}},
@@ -120,6 +123,11 @@ class LabAppliance:
             if time.monotonic() > deadline:
                 raise LabApplianceError(f"no table push within {timeout_s}s:\n{self.log_text()}")
             time.sleep(0.05)
+
+    @property
+    def dpdk_file_prefix(self) -> str:
+        """The forwarder's EAL file prefix (its telemetry socket's directory)."""
+        return f"hpclb-{self.name}"
 
     def dataplane_pid(self) -> int:
         """pid of the data plane `hpclb run` supervises (from its pid file)."""

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
+#include <rte_cycles.h>
 #include <rte_telemetry.h>
 
 #include "fwd_telemetry.h"
@@ -43,6 +44,35 @@ static int cmd_stats(const char *cmd, const char *params, struct rte_tel_data *d
 	rte_tel_data_add_dict_u64(d, "table_swaps",
 				  __atomic_load_n(&view->ctx->store.swaps, __ATOMIC_RELAXED));
 	rte_tel_data_add_dict_u64(d, "workers", view->ctx->nworkers);
+	rte_tel_data_add_dict_u64(d, "tsc_hz", rte_get_tsc_hz());
+	return 0;
+}
+
+/* Per worker: frames moved, the cycles spent on loops that moved them, and
+ * all cycles since the worker started, so cycles per frame and how busy the
+ * core is can be read while traffic runs. */
+static int cmd_workers(const char *cmd, const char *params, struct rte_tel_data *d)
+{
+	(void)cmd;
+	(void)params;
+	rte_tel_data_start_dict(d);
+	for (unsigned int i = 0; i < view->ctx->nworkers; i++) {
+		const struct fwd_worker *w = &view->workers[i];
+		struct rte_tel_data *t = rte_tel_data_alloc();
+		char name[16];
+
+		if (!t)
+			break;
+		rte_tel_data_start_dict(t);
+		rte_tel_data_add_dict_u64(t, "lcore", w->lcore);
+		rte_tel_data_add_dict_u64(t, "frames", w->frames);
+		rte_tel_data_add_dict_u64(t, "busy_cycles", w->busy_cycles);
+		rte_tel_data_add_dict_u64(t, "busy_loops", w->busy_loops);
+		rte_tel_data_add_dict_u64(t, "total_cycles", w->total_cycles);
+		rte_tel_data_add_dict_u64(t, "tx_queue_full", w->tx_dropped);
+		snprintf(name, sizeof(name), "%u", i);
+		rte_tel_data_add_dict_container(d, name, t, 0);
+	}
 	return 0;
 }
 
@@ -144,6 +174,8 @@ int fwd_telemetry_register(const struct fwd_telemetry_view *v)
 	view = v;
 	rc |= rte_telemetry_register_cmd("/hpclb/stats", cmd_stats,
 					 "hpclb global counters (LB_STAT_NAMES). No parameters");
+	rc |= rte_telemetry_register_cmd("/hpclb/workers", cmd_workers,
+					 "hpclb per-worker frames and cycles. No parameters");
 	rc |= rte_telemetry_register_cmd("/hpclb/vips", cmd_vips,
 					 "hpclb per-VIP packets and bytes. No parameters");
 	rc |= rte_telemetry_register_cmd("/hpclb/backends", cmd_backends,

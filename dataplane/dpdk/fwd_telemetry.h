@@ -2,8 +2,8 @@
  *
  * fwd_telemetry.h - the forwarder's commands on DPDK's telemetry socket, so
  * `dpdk-telemetry.py` (and any monitoring that speaks it) reads the same
- * counters as the table protocol's stats: /hpclb/stats, /hpclb/vips,
- * /hpclb/backends, /hpclb/ports.
+ * counters as the table protocol's stats: /hpclb/stats, /hpclb/workers,
+ * /hpclb/vips, /hpclb/backends, /hpclb/ports.
  */
 #ifndef HPCLB_FWD_TELEMETRY_H
 #define HPCLB_FWD_TELEMETRY_H

@@ -100,7 +100,7 @@ int fwd_worker_main(void *arg)
 {
 	struct fwd_worker *w = arg;
 	struct rte_rcu_qsbr *qsbr = w->store->qsbr;
-	__u64 hz = rte_get_tsc_hz(), loops = 0, idle = 0;
+	__u64 hz = rte_get_tsc_hz(), loops = 0, idle = 0, started = rte_rdtsc();
 	struct fwd_packet_ctx c = {
 		.flows = &w->flows,
 		.counters = w->counters,
@@ -124,6 +124,12 @@ int fwd_worker_main(void *arg)
 			got += kernel_burst(w, p);
 		}
 		rte_rcu_qsbr_quiescent(qsbr, w->index);
+		if (got) {
+			w->busy_cycles += rte_rdtsc() - tsc;
+			w->busy_loops++;
+			w->frames += got;
+		}
+		w->total_cycles = rte_rdtsc() - started;
 		if (++loops % EXPIRE_EVERY == 0)
 			fwd_flow_expire(&w->flows, tsc, EXPIRE_BUDGET);
 		idle = got ? 0 : idle + 1;
