@@ -266,6 +266,9 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	/* getopt names the program by the vector's first element: "--" here,
+	 * which the EAL (given argv[0..split-1]) never sees. */
+	argv[split] = argv[0];
 	if (parse_args(argc - split, argv + split, &o))
 		return 2;
 	/* Before the EAL: vdevs bind to interfaces, and create TAPs, in the

@@ -63,9 +63,12 @@ def choose_dataplane(config: HpclbConfig) -> Choice:
     if app.dataplane == Dataplane.XDP:
         return Choice(Dataplane.XDP, "configured")
     blocker = _dpdk_blocker(config)
+    if app.dataplane == Dataplane.DPDK and blocker:
+        raise RuntimeError(f"dataplane: dpdk cannot run: {blocker}")
+    if app.pci_ports and blocker:
+        raise RuntimeError(f"no data plane can run: DPDK cannot ({blocker}) and XDP needs "
+                           "kernel interface names, not PCI addresses")
     if app.dataplane == Dataplane.DPDK:
-        if blocker:
-            raise RuntimeError(f"dataplane: dpdk cannot run: {blocker}")
         return Choice(Dataplane.DPDK, "configured")
     if blocker is None:
         how = "ports bound to vfio-pci" if app.pci_ports else f"{app.dpdk.driver} vdev configured"

@@ -1,0 +1,191 @@
+"""hpclb-dpdk as a process: its command line, its telemetry socket (read with
+DPDK's own dpdk-telemetry.py and with hpclb's client), its shutdown, and the
+kernel side of its exception path (addresses handed to the TAP and back).
+
+The packet semantics are the conformance suite's (tests/conformance), the
+protocol the protocol suite's (test_protocol_server.py), both on this binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclb.dataplane import dpdk_telemetry, exception_path
+from hpclb.dataplane.dpdk import (
+    DpdkLaunch,
+    DpdkPort,
+    find_dpdk_forwarder,
+    forwarder_argv,
+    reserve_hugepages,
+)
+from hpclb.dataplane.supervisor import DataplaneProcess
+from hpclb.dataplane.tables import STAT_NAMES
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0,
+                       reason="needs root: network namespaces, hugepages, AF_XDP"),
+]
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"hlbf-{uuid.uuid4().hex[:8]}"
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        sh("ip", "-n", name, "link", "set", "d0", "up")
+        sh("ip", "-n", name, "link", "set", "d1", "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def launch(netns: str, tmp: Path, **kw: object) -> DpdkLaunch:
+    settings: dict = {
+        "ports": (DpdkPort(0, "af_xdp", iface="d0", tap="exc0"),),
+        "socket": f"ipc://{tmp}/dp.sock", "netns": netns, "flow_table_size": 4096,
+        "idle_sleep_us": 100, "socket_mem_mb": 256, "file_prefix": f"hlbf-{uuid.uuid4().hex[:8]}",
+    }
+    settings.update(kw)
+    result = DpdkLaunch(**settings)
+    assert reserve_hugepages(result.socket_mem_mb) >= result.socket_mem_mb
+    return result
+
+
+def test_telemetry_socket_serves_the_forwarders_counters(netns: str, tmp_path: Path) -> None:
+    spec = launch(netns, tmp_path)
+    dp = DataplaneProcess(argv=forwarder_argv(spec), endpoint=spec.socket,
+                          pidfile=tmp_path / "pid", log_path=tmp_path / "log")
+    dp.start()
+    try:
+        stats = dpdk_telemetry.query(spec.file_prefix, "/hpclb/stats")
+        assert set(STAT_NAMES) <= set(stats)
+        assert stats["workers"] == 1 and stats["tsc_hz"] > 0
+        workers = dpdk_telemetry.query(spec.file_prefix, "/hpclb/workers")
+        assert workers["0"]["lcore"] == 1 and workers["0"]["total_cycles"] > 0
+        ports = dpdk_telemetry.query(spec.file_prefix, "/hpclb/ports")
+        assert set(ports) == {"net_af_xdp0"} and "rx_missed" in ports["net_af_xdp0"]
+        assert dpdk_telemetry.query(spec.file_prefix, "/hpclb/vips") == {}
+        # DPDK's own client reads the same socket.
+        tool = shutil.which("dpdk-telemetry.py")
+        if tool is None:
+            pytest.fail("dpdk-telemetry.py missing: the dpdk package provides it")
+        out = subprocess.run([tool, "-f", spec.file_prefix], input="/hpclb/stats\n",
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        line = next(ln for ln in out.splitlines() if ln.startswith("{"))
+        assert set(STAT_NAMES) <= set(json.loads(line)["/hpclb/stats"])
+        # The TAP exists in the forwarder's namespace with the data port's MAC.
+        hello = dp.client.hello()
+        tap = sh("ip", "-n", netns, "-j", "link", "show", "dev", "exc0")
+        assert json.loads(tap)[0]["address"] == ":".join(f"{b:02x}" for b in
+                                                         bytes(hello["ports"][0]["mac"]))
+    finally:
+        dp.stop()
+    assert dp.returncode == 0
+    assert "shutting down" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--ring-size", "4"], "--ring-size must be a prime"),
+    (["--flow-table-size", "3"], "--flow-table-size must be in"),
+    (["--numa", "sometimes"], "--numa must be strict or warn"),
+    (["--netns", "../x"], "bad --netns name"),
+    (["--port", "a:b:c"], "bad --port"),
+    (["--bogus"], "unrecognized option '--bogus'"),
+])
+def test_bad_arguments_exit_2_before_the_eal(extra: list[str], message: str) -> None:
+    res = subprocess.run([find_dpdk_forwarder(), "-l", "0,1", "--", "--port", "x", *extra],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert "EAL:" not in res.stderr  # refused before the EAL started
+
+
+def test_no_separator_or_no_port_is_refused() -> None:
+    binary = find_dpdk_forwarder()
+    res = subprocess.run([binary, "-l", "0,1"], capture_output=True, text=True, check=False)
+    assert res.returncode == 2 and "missing '--'" in res.stderr
+    res = subprocess.run([binary, "-l", "0,1", "--"], capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 2 and "at least one --port" in res.stderr
+
+
+def test_a_port_missing_from_the_eal_is_named(netns: str, tmp_path: Path) -> None:
+    spec = launch(netns, tmp_path, numa="strict")
+    argv = forwarder_argv(spec)
+    argv[argv.index("net_af_xdp0:net_tap0")] = "net_af_xdp7"
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 1 and "no DPDK port named net_af_xdp7" in res.stderr, res.stderr
+
+
+def test_addresses_move_to_the_tap_and_back(netns: str, tmp_path: Path) -> None:
+    """hand_over/give_back on real interfaces: d0's address and its gateway
+    route move to a stand-in TAP (a veth end), then come back."""
+
+    def make_tap() -> None:
+        sh("ip", "-n", netns, "link", "add", "exc0", "type", "veth", "peer", "name", "exc0p")
+
+    make_tap()
+    sh("ip", "-n", netns, "addr", "add", "198.18.7.2/24", "dev", "d0")
+    sh("ip", "-n", netns, "route", "add", "198.19.0.0/16", "via", "198.18.7.1", "dev", "d0")
+    record = tmp_path / "exc0.addresses.json"
+    assert exception_path.hand_over("d0", "exc0", record, netns) == 1
+
+    def addrs(dev: str) -> str:
+        return sh("ip", "-n", netns, "-4", "-o", "addr", "show", "dev", dev)
+
+    assert "198.18.7.2/24" in addrs("exc0") and addrs("d0") == ""
+    assert "dev exc0" in sh("ip", "-n", netns, "route", "show", "198.19.0.0/16")
+    # A forwarder restarted later re-creates its TAP empty: the record refills it.
+    sh("ip", "-n", netns, "link", "del", "exc0")
+    make_tap()
+    assert exception_path.hand_over("d0", "exc0", record, netns) == 1
+    exception_path.give_back(record, netns)
+    assert "198.18.7.2/24" in addrs("d0") and not record.exists()
+    assert "dev d0" in sh("ip", "-n", netns, "route", "show", "198.19.0.0/16")
+
+
+def test_a_stale_af_xdp_program_is_detached(netns: str) -> None:
+    obj = Path(__file__).resolve().parents[2] / "dataplane/build/pass.bpf.o"
+    sh("ip", "-n", netns, "link", "set", "dev", "d0", "xdpgeneric", "obj", str(obj), "sec", "xdp")
+    assert "xdp" in sh("ip", "-n", netns, "link", "show", "dev", "d0")
+    exception_path.detach_xdp("d0", netns)
+    deadline = time.monotonic() + 5
+    while "prog/xdp" in sh("ip", "-n", netns, "link", "show", "dev", "d0"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_workers_and_exits_0(netns: str, tmp_path: Path) -> None:
+    spec = launch(netns, tmp_path, lcores=(0, 1))
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(forwarder_argv(spec), stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while "hpclb-dpdk: ready" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)  # ignored: only SIGTERM/SIGINT stop it
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
