@@ -15,6 +15,7 @@
 #include "lb_host.h"
 #include "lb_log.h"
 
+#define POLL_MS 200                           /* signal latency bound */
 #define SEND_TIMEOUT_MS 1000                  /* a stuck peer cannot block the loop */
 #define HARD_MAX_MSG (4ll * LB_MAX_MSG_BYTES) /* beyond this zmq drops the peer */
 
@@ -138,4 +139,22 @@ void lb_channel_serve_one(void *sock, struct lb_proto_server *srv)
 	if (zmq_send(sock, reply.data, reply.size, 0) < 0)
 		lb_log(LB_LOG_WARN, "sending reply: %s", zmq_strerror(errno));
 	msgpack_sbuffer_destroy(&reply);
+}
+
+int lb_channel_serve(void *sock, struct lb_proto_server *srv, volatile sig_atomic_t *stop)
+{
+	while (!*stop) {
+		zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
+		int n = zmq_poll(&item, 1, POLL_MS);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			lb_log(LB_LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
+			return -1;
+		}
+		if (n > 0 && (item.revents & ZMQ_POLLIN))
+			lb_channel_serve_one(sock, srv);
+	}
+	return 0;
 }

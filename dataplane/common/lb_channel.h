@@ -6,6 +6,8 @@
 #ifndef HPCLB_LB_CHANNEL_H
 #define HPCLB_LB_CHANNEL_H
 
+#include <signal.h>
+
 #include "lb_proto.h"
 
 /* A REP socket bound to endpoint. For ipc:// the directory is created, the
@@ -17,5 +19,9 @@ void *lb_channel_open(void *zctx, const char *endpoint);
 /* Receives one request (all its parts), has srv handle it, sends the reply
  * and logs the outcome. Never blocks on a request that is not there. */
 void lb_channel_serve_one(void *sock, struct lb_proto_server *srv);
+
+/* Serves requests until *stop is set (a signal handler sets it: the poll
+ * wakes at least every 200 ms to look). 0 when stopped, -1 on a poll error. */
+int lb_channel_serve(void *sock, struct lb_proto_server *srv, volatile sig_atomic_t *stop);
 
 #endif /* HPCLB_LB_CHANNEL_H */

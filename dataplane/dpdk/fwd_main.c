@@ -38,17 +38,16 @@
 
 #define PROG "hpclb-dpdk"
 #define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
-#define POLL_MS 200
 #define DEFAULT_FLOWS 262144      /* per worker */
 #define MAX_FLOWS_OPT (1u << 26)  /* per worker */
 #define DEFAULT_FLOW_TIMEOUT_S 300
 
-static volatile bool stop;
+static volatile sig_atomic_t stop;
 
 static void on_signal(int sig)
 {
 	(void)sig;
-	stop = true;
+	stop = 1;
 }
 
 struct opts {
@@ -229,7 +228,7 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 		w->nports = o->nports;
 		w->port_macs = macs;
 		w->idle_sleep_us = o->idle_sleep_us;
-		w->stop = (volatile bool *)&stop;
+		w->stop = &stop;
 		w->counters = ctx.counters[i];
 		snprintf(name, sizeof(name), "hpclb_flows_%u", i);
 		rc = fwd_flow_init(&w->flows, name, o->flow_table_size, timeout_tsc, socket);
@@ -360,25 +359,13 @@ int main(int argc, char **argv)
 	lb_log(LB_LOG_INFO, "serving %s", o.socket);
 	lb_log(LB_LOG_INFO, "ready");
 
-	while (!stop) {
-		zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
-		int n = zmq_poll(&item, 1, POLL_MS);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			lb_log(LB_LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
-			break;
-		}
-		if (n > 0 && (item.revents & ZMQ_POLLIN))
-			lb_channel_serve_one(sock, srv);
-	}
+	lb_channel_serve(sock, srv, &stop);
 	if (stop) {
 		lb_log(LB_LOG_INFO, "signal received, shutting down");
 		ret = 0;
 	}
 out:
-	stop = true;
+	stop = 1;
 	if (eal_up)
 		rte_eal_mp_wait_lcore();
 	if (sock)

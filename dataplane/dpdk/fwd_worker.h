@@ -8,6 +8,7 @@
 #ifndef HPCLB_FWD_WORKER_H
 #define HPCLB_FWD_WORKER_H
 
+#include <signal.h>
 #include <stdbool.h>
 
 #include "fwd_flow.h"
@@ -31,7 +32,7 @@ struct fwd_worker {
 	__u64 busy_loops; /* loops that moved frames: frames / busy_loops = mean burst */
 	__u64 frames;
 	__u64 total_cycles;
-	volatile bool *stop;
+	volatile sig_atomic_t *stop; /* set by the main lcore's signal handler */
 };
 
 /* rte_eal_remote_launch entry point; arg is a struct fwd_worker *. */

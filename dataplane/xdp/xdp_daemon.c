@@ -45,7 +45,6 @@
 
 #define PROG "hpclb-xdp"
 #define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
-#define POLL_MS 200                 /* signal latency bound */
 #define MAX_FLOWS_OPT (1u << 28)
 
 /* While set, libbpf's warnings are kept here instead of logged, so that a
@@ -695,19 +694,7 @@ int main(int argc, char **argv)
 	lb_log(LB_LOG_INFO, "serving %s", o.socket);
 	lb_log(LB_LOG_INFO, "ready");
 
-	while (!stop) {
-		zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
-		int n = zmq_poll(&item, 1, POLL_MS);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			lb_log(LB_LOG_ERR, "zmq_poll: %s", zmq_strerror(errno));
-			break;
-		}
-		if (n > 0 && (item.revents & ZMQ_POLLIN))
-			lb_channel_serve_one(sock, srv);
-	}
+	lb_channel_serve(sock, srv, &stop);
 	if (stop) {
 		lb_log(LB_LOG_INFO, "signal received, shutting down");
 		ret = 0;

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,52 +15,43 @@ from .targets import DpdkTarget, Target, XdpTarget
 MODEL_PORT_MACS = ["02:00:00:00:00:01", "02:00:00:00:00:02"]
 
 
-def _xdp_unavailable() -> str | None:
+# name -> (target class, what it needs, how to find its binary)
+_TARGETS: dict[str, tuple[type[XdpTarget] | type[DpdkTarget], str, Callable[[], str]]] = {
+    "xdp": (XdpTarget, "BPF, network namespaces", find_xdp_daemon),
+    "dpdk": (DpdkTarget, "hugepages, AF_XDP, network namespaces", find_dpdk_forwarder),
+}
+
+
+def _real_target(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    """One data plane for the whole session; CI must never skip it."""
+    cls, needs, find = _TARGETS[name]
+    reason = None
     if os.geteuid() != 0:
-        return "the XDP target needs root (BPF, network namespaces)"
-    try:
-        find_xdp_daemon()
-    except FileNotFoundError as exc:
-        return str(exc)
-    return None
-
-
-@pytest.fixture(scope="session")
-def xdp_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XdpTarget]:
-    reason = _xdp_unavailable()
+        reason = f"the {name} target needs root ({needs})"
+    else:
+        try:
+            find()
+        except FileNotFoundError as exc:
+            reason = str(exc)
     if reason:
         if os.environ.get("CI"):
-            pytest.fail(f"CI must run the XDP conformance suite: {reason}")
+            pytest.fail(f"CI must run the {name} conformance suite: {reason}")
         pytest.skip(reason)
-    target = XdpTarget(Path(tmp_path_factory.mktemp("xdp")))
+    target = cls(Path(tmp_path_factory.mktemp(name)))
     try:
         yield target
     finally:
         target.close()
 
 
-def _dpdk_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the DPDK target needs root (hugepages, AF_XDP, network namespaces)"
-    try:
-        find_dpdk_forwarder()
-    except FileNotFoundError as exc:
-        return str(exc)
-    return None
+@pytest.fixture(scope="session")
+def xdp_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    yield from _real_target("xdp", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def dpdk_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DpdkTarget]:
-    reason = _dpdk_unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the DPDK conformance suite: {reason}")
-        pytest.skip(reason)
-    target = DpdkTarget(Path(tmp_path_factory.mktemp("dpdk")))
-    try:
-        yield target
-    finally:
-        target.close()
+def dpdk_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    yield from _real_target("dpdk", tmp_path_factory)
 
 
 @pytest.fixture(params=["model", "xdp", "dpdk"])

@@ -8,16 +8,14 @@ The forwarder itself is supervised like the XDP daemon
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from hpclb.dataplane.supervisor import REPO_ROOT
+from hpclb.dataplane.supervisor import find_binary
 
 PortDriver = Literal["af_xdp", "af_packet", "pci"]
 HUGEPAGE_SYSFS = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
@@ -25,16 +23,7 @@ _PCI_ADDR = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def find_dpdk_forwarder() -> str:
-    """The hpclb-dpdk binary: $HPCLB_DPDK_BIN, the source tree's build, or $PATH."""
-    candidates = [os.environ.get("HPCLB_DPDK_BIN"),
-                  str(REPO_ROOT / "dataplane/build/dpdk/hpclb-dpdk")]
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
-            return path
-    found = shutil.which("hpclb-dpdk")
-    if found:
-        return found
-    raise FileNotFoundError("hpclb-dpdk not found: run ./bootstrap (make -C dataplane)")
+    return find_binary("hpclb-dpdk", "HPCLB_DPDK_BIN", "dataplane/build/dpdk/hpclb-dpdk")
 
 
 @dataclass(frozen=True)

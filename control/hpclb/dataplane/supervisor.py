@@ -29,16 +29,19 @@ log = logging.getLogger("hpclb.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def find_xdp_daemon() -> str:
-    """The hpclb-xdp binary: $HPCLB_XDP_BIN, the source tree's build, or $PATH."""
-    candidates = [os.environ.get("HPCLB_XDP_BIN"), str(REPO_ROOT / "dataplane/build/hpclb-xdp")]
-    for path in candidates:
+def find_binary(name: str, env_var: str, build_path: str) -> str:
+    """A data-plane binary: $ENV_VAR, the source tree's build, or $PATH."""
+    for path in (os.environ.get(env_var), str(REPO_ROOT / build_path)):
         if path and os.access(path, os.X_OK):
             return path
-    found = shutil.which("hpclb-xdp")
+    found = shutil.which(name)
     if found:
         return found
-    raise FileNotFoundError("hpclb-xdp not found: run ./bootstrap (make -C dataplane)")
+    raise FileNotFoundError(f"{name} not found: run ./bootstrap (make -C dataplane)")
+
+
+def find_xdp_daemon() -> str:
+    return find_binary("hpclb-xdp", "HPCLB_XDP_BIN", "dataplane/build/hpclb-xdp")
 
 
 Hook = Callable[[], None]
