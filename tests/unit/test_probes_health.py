@@ -1,0 +1,227 @@
+"""Probe configuration, rise/fall thresholds and flap damping (pure, time driven by hand)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from hpclb.probes import Damper, DampingConfig, HealthState, ProbeConfig
+
+NO_DAMPING = {"enabled": False}
+
+
+def state(**kw: object) -> HealthState:
+    return HealthState(ProbeConfig(**kw))  # type: ignore[arg-type]
+
+
+def feed(h: HealthState, results: str, start: float = 0.0, step: float = 1.0
+         ) -> list[tuple[int, bool, str]]:
+    """Feed 'o' (ok) / 'x' (fail) results one `step` apart; the transitions, with
+    the index of the result that caused each."""
+    out = []
+    for i, c in enumerate(results):
+        verdict = h.record(c == "o", "ok" if c == "o" else "timeout", start + i * step)
+        if verdict is not None:
+            out.append((i, *verdict))
+    return out
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+def test_config_defaults() -> None:
+    c = ProbeConfig()
+    assert (c.kind, c.interval_s, c.timeout, c.rise, c.fall, c.initial) == \
+        ("icmp", 5.0, 2.0, 2, 3, "up")
+    assert c.expect_status == ((200, 399),) and c.path == "/"
+    d = c.damping
+    assert (d.enabled, d.penalty, d.half_life_s, d.suppress, d.reuse, d.max_suppress_s) == \
+        (True, 1000.0, 60.0, 2500.0, 800.0, 300.0)
+    assert ProbeConfig(interval_s=0.5).timeout == 0.5  # default capped at the interval
+    assert ProbeConfig(kind="http").effective_port == 80
+    assert ProbeConfig(kind="tcp", port=22).effective_port == 22
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"interval_s": 0.05}, "greater than or equal to 0.1"),
+    ({"interval_s": float("nan")}, "finite number"),
+    ({"interval_s": 1.0, "timeout_s": 1.5}, "longer than interval_s"),
+    ({"timeout_s": 0}, "greater than 0"),
+    ({"kind": "tcp"}, "kind tcp needs a port"),
+    ({"kind": "icmp", "port": 80}, "kind icmp takes no port"),
+    ({"kind": "tcp", "port": 80, "path": "/x"}, "path only apply to kind http"),
+    ({"kind": "udp"}, "'icmp', 'tcp' or 'http'"),
+    ({"kind": "http", "port": 0}, "greater than or equal to 1"),
+    ({"kind": "http", "port": "80"}, "valid integer"),
+    ({"kind": "http", "path": "no-slash"}, "should match pattern"),
+    ({"kind": "http", "path": "/a\r\nX-Evil: 1"}, "should match pattern"),
+    ({"kind": "http", "host": "a b"}, "should match pattern"),
+    ({"kind": "http", "expect_status": "2xx"}, "not a status"),
+    ({"kind": "http", "expect_status": "399-200"}, "reversed"),
+    ({"kind": "http", "expect_status": [700]}, "within 100-599"),
+    ({"kind": "http", "expect_status": []}, "at least one status"),
+    ({"kind": "http", "expect_status": [True]}, "not an HTTP status"),
+    ({"rise": 0}, "greater than or equal to 1"),
+    ({"fall": 2.5}, "valid integer"),
+    ({"initial": "maybe"}, "'up' or 'down'"),
+    ({"retries": 3}, "Extra inputs are not permitted"),
+    ({"damping": {"reuse": 3000}}, "must be below suppress"),
+    ({"damping": {"max_suppress_s": 10}}, "raise max_suppress_s or lower suppress"),
+    ({"damping": {"half_life_s": 0}}, "greater than 0"),
+])
+def test_config_rejects_bad_input_with_a_clear_message(kw: dict[str, Any], message: str
+                                                        ) -> None:
+    with pytest.raises(ValidationError, match=message):
+        ProbeConfig(**kw)
+
+
+def test_expect_status_forms() -> None:
+    c = ProbeConfig(kind="http", expect_status=[200, "300-302", " 404 "])
+    assert c.expect_status == ((200, 200), (300, 302), (404, 404))
+    assert [s for s in (199, 200, 201, 301, 303, 404) if c.accepts(s)] == [200, 301, 404]
+    # The serialised form reads back (what a dumped config holds).
+    assert ProbeConfig.model_validate(c.model_dump()) == c
+    assert ProbeConfig(kind="http", expect_status="204").expect_status == ((204, 204),)
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(ValidationError):
+        ProbeConfig().rise = 5  # type: ignore[misc]
+
+
+# --- rise / fall -------------------------------------------------------------------
+
+
+def test_fall_counts_consecutive_failures_exactly() -> None:
+    h = state(fall=3, damping=NO_DAMPING)
+    # Two failures, a success resets the run, then three in a row: down at the 3rd.
+    assert feed(h, "xxoxxx") == [(5, False, "3 consecutive failures (last: timeout)")]
+    assert (h.up, h.failures, h.successes) == (False, 3, 0)
+
+
+def test_rise_counts_consecutive_successes_exactly() -> None:
+    h = state(rise=2, fall=1, damping=NO_DAMPING)
+    assert feed(h, "x") == [(0, False, "1 consecutive failures (last: timeout)")]
+    assert feed(h, "oxoo") == [(3, True, "2 consecutive successes")]
+
+
+@given(rise=st.integers(1, 6), fall=st.integers(1, 6),
+       results=st.lists(st.booleans(), max_size=60))
+def test_rise_fall_against_a_reference(rise: int, fall: int, results: list[bool]) -> None:
+    h = state(rise=rise, fall=fall, damping=NO_DAMPING)
+    up, run_ok, run_fail = True, 0, 0
+    for i, ok in enumerate(results):
+        run_ok, run_fail = (run_ok + 1, 0) if ok else (0, run_fail + 1)
+        expected = up
+        if not up and run_ok >= rise:
+            expected = True
+        if up and run_fail >= fall:
+            expected = False
+        verdict = h.record(ok, "r", float(i))
+        assert (verdict is not None) == (expected != up)
+        up = expected
+        assert h.up == up
+
+
+def test_initial_down_needs_rise_successes() -> None:
+    h = state(initial="down", rise=3, damping=NO_DAMPING)
+    assert not h.up
+    assert feed(h, "ooo") == [(2, True, "3 consecutive successes")]
+
+
+def test_reconfigure_keeps_the_verdict_and_restarts_runs() -> None:
+    h = state(fall=3, damping=NO_DAMPING)
+    feed(h, "xx")
+    h.reconfigure(ProbeConfig(fall=2, damping=NO_DAMPING))
+    assert h.up and h.failures == 0
+    assert feed(h, "xx") == [(1, False, "2 consecutive failures (last: timeout)")]
+
+
+# --- damping -----------------------------------------------------------------------
+
+
+def test_damper_penalty_decays_with_the_half_life() -> None:
+    d = Damper(DampingConfig(penalty=1000, half_life_s=10))
+    assert d.penalty(0) == 0
+    d.flap(100.0)
+    assert d.penalty(100.0) == 1000
+    assert d.penalty(110.0) == pytest.approx(500)
+    assert d.penalty(130.0) == pytest.approx(125)
+    assert d.penalty(50.0) == 1000  # a clock stepping back does not inflate it
+
+
+def test_damper_penalty_is_capped_by_max_suppress() -> None:
+    cfg = DampingConfig(penalty=1000, half_life_s=10, suppress=2000, reuse=500,
+                        max_suppress_s=30)
+    assert cfg.ceiling == pytest.approx(4000)  # 500 * 2^(30/10)
+    d = Damper(cfg)
+    for _ in range(50):
+        d.flap(0.0)
+    assert d.penalty(0.0) == pytest.approx(4000)
+    # Held no longer than max_suppress_s: released as soon as it is below reuse.
+    assert not d.release(29.9) and d.release(30.1)
+
+
+def test_damping_suppresses_a_flapping_backend_and_releases_it_after_decay() -> None:
+    # Defaults: penalty 1000, half-life 60 s, suppress 2500, reuse 800; rise 1,
+    # fall 1 so that every result is a state change.
+    h = state(rise=1, fall=1)
+    t = 0.0
+    assert h.record(False, "timeout", t) == (False, "1 consecutive failures (last: timeout)")
+    t += 5
+    assert h.record(True, "ok", t) == (True, "1 consecutive successes")  # penalty ~1944
+    t += 5
+    down = h.record(False, "timeout", t)  # ~2836 >= 2500: suppressed
+    assert down is not None and down[0] is False and "held down" in down[1]
+    assert h.damper.suppressed
+    t += 5
+    assert h.record(True, "ok", t) is None  # recovery held back
+    assert (h.up, h.raw_up, h.held) == (False, True, 1)
+    # Healthy from now on, probed every 5 s: held until the penalty decays below 800.
+    penalty = h.damper.penalty(t)
+    release_at = t + 60 * math.log2(penalty / 800)
+    transitions = []
+    while t < release_at + 30:
+        t += 5
+        verdict = h.record(True, "ok", t)
+        if verdict is not None:
+            transitions.append((t, verdict))
+    assert len(transitions) == 1
+    when, (up, why) = transitions[0]
+    assert up and why == "damping released (penalty below 800)"
+    assert release_at <= when < release_at + 5  # the first probe after the decay
+    assert h.up and not h.damper.suppressed
+
+
+def test_damping_never_delays_a_down() -> None:
+    h = state(rise=1, fall=1, damping={"penalty": 3000})  # every change suppresses
+    assert h.record(False, "refused", 0.0) is not None  # reported at once
+    assert h.damper.suppressed and not h.up
+
+
+def test_flapping_while_held_extends_the_hold() -> None:
+    h = state(rise=1, fall=1)
+    for i, ok in enumerate([False, True, False, True]):
+        h.record(ok, "r", float(i))
+    assert h.damper.suppressed
+    p_before = h.damper.penalty(4.0)
+    h.record(False, "r", 4.0)
+    h.record(True, "r", 5.0)
+    assert h.damper.penalty(5.0) > p_before and not h.up
+
+
+def test_single_bounce_is_not_damped() -> None:
+    h = state(rise=1, fall=1)
+    assert feed(h, "xo", step=5.0) == [(0, False, "1 consecutive failures (last: timeout)"),
+                                       (1, True, "1 consecutive successes")]
+    assert not h.damper.suppressed
+
+
+def test_damping_disabled_reports_every_change() -> None:
+    h = state(rise=1, fall=1, damping=NO_DAMPING)
+    assert len(feed(h, "xoxoxoxo")) == 8
