@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from hpclb.config import ConfigError, load_config
@@ -25,9 +26,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from hpclb.controller import Controller
 
     controller = Controller(args.config, args.state_dir, args.run_dir, args.keep_dataplane)
-    signal.signal(signal.SIGHUP, lambda *_: controller.reload_requested.set())
+    def request(event: threading.Event) -> None:
+        event.set()
+        controller.wake.set()
+
+    signal.signal(signal.SIGHUP, lambda *_: request(controller.reload_requested))
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: controller.stop_requested.set())
+        signal.signal(sig, lambda *_: request(controller.stop_requested))
     try:
         controller.start()
         controller.run_forever()

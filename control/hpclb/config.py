@@ -21,6 +21,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpclb.dataplane import tables
+from hpclb.probes.config import ProbeConfig
+from hpclb.weights import WeightPolicy
 
 # Limits of dataplane/common/lb_tables.h, through its Python mirror (checked
 # against the header by tests/unit/test_tables_layout.py).
@@ -51,7 +53,8 @@ class XdpMode(StrEnum):
 
 
 class WeightsMode(StrEnum):
-    STATIC = "static"  # `dynamic` (telemetry-driven) comes later
+    STATIC = "static"  # the configured weights
+    DYNAMIC = "dynamic"  # configured weight x capacity left, from the nodes' telemetry
 
 
 class BackendState(StrEnum):
@@ -252,7 +255,24 @@ class BackendConfig(_Strict):
 
 class PoolConfig(_Strict):
     weights: WeightsMode = WeightsMode.STATIC
+    # The pool's weight formula and dynamics (dynamic pools; slow_start_s applies
+    # to static pools too): a GPU pool sets gpu > 0 (SOURCE.md's hybrid sharding).
+    policy: WeightPolicy = Field(default_factory=WeightPolicy)
+    # Health probe of every backend of the pool; none: only the admin state and
+    # (with an agent) missed heartbeats take a backend out.
+    probe: ProbeConfig | None = None
     backends: list[BackendConfig] = Field(default_factory=list, max_length=LB_MAX_BACKENDS)
+
+
+class TelemetryConfig(_Strict):
+    """Where the node agents publish (CURVE-authenticated ZeroMQ)."""
+
+    bind: str = Field("tcp://0.0.0.0:5557", pattern=r"^tcp://\S+:\d+$")
+    server_key: Path  # the control plane's secret key file (hpclb-agent keygen --name server)
+    allow_dir: Path  # one <backend name>.key per agent: the name is the node the key speaks for
+    # A backend whose agent misses this many heartbeats (its announced interval
+    # each) is down until the next one arrives.
+    missed_heartbeats: int = Field(3, strict=True, ge=1, le=100)
 
 
 class VipConfig(_Strict):
@@ -273,8 +293,15 @@ class VipConfig(_Strict):
 
 class HpclbConfig(_Strict):
     appliance: ApplianceConfig
+    telemetry: TelemetryConfig | None = None
     pools: dict[Name, PoolConfig] = Field(default_factory=dict)
     vips: list[VipConfig] = Field(default_factory=list, max_length=LB_MAX_VIPS)
+
+    def pool_of(self, backend: str) -> str | None:
+        for name, pool in self.pools.items():
+            if any(b.name == backend for b in pool.backends):
+                return name
+        return None
 
     @model_validator(mode="after")
     def _cross_check(self) -> HpclbConfig:
@@ -283,6 +310,10 @@ class HpclbConfig(_Strict):
         egress = self.appliance.interfaces.egress
         seen_backend: dict[str, Loc] = {}
         for pool_name, pool in self.pools.items():
+            if pool.weights is WeightsMode.DYNAMIC and self.telemetry is None:
+                add((("pools", pool_name, "weights"),
+                     "dynamic weights need the node agents' telemetry: add a top-level "
+                     "`telemetry:` section (bind, server_key, allow_dir)"))
             for i, b in enumerate(pool.backends):
                 loc: Loc = ("pools", pool_name, "backends", i)
                 if b.name in seen_backend:

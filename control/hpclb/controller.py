@@ -1,31 +1,38 @@
-"""The reconcile loop: configuration -> tables -> data plane.
+"""The reconcile loop: configuration + backend health + telemetry -> tables
+-> data plane.
 
 One controller per appliance. It owns the only mutable state of the control
-plane: the configuration in force, the tables last pushed, the id checkpoint
-and the supervised data-plane process.
+plane: the configuration in force, the live weights and health (LiveWeights),
+the tables last pushed, the id checkpoint and the supervised data-plane
+process. Probes and telemetry arrive from their threads (Monitors) as events.
 
     desired = tables_for(config)          # MACs resolved, Maglev rings built
     push_tables(client, current, desired) # only what differs
     current = desired
 
-A reload (SIGHUP) that fails validation keeps everything as it is. A data
-plane that dies is restarted and gets the full tables again.
+A backend that goes down is pushed at once; weight changes are pushed at
+once too, but at most once per PUSH_INTERVAL_S (a ramp or a burst of
+telemetry is coalesced). A reload (SIGHUP) that fails validation keeps
+everything as it is. A data plane that dies is restarted and gets the full
+tables again.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hpclb import maglev
 from hpclb.config import BackendState as AdminState
-from hpclb.config import ConfigError, HpclbConfig, PoolConfig, load_config
+from hpclb.config import ConfigError, HpclbConfig, load_config
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
 from hpclb.dataplane.supervisor import DataplaneProcess
@@ -38,6 +45,8 @@ from hpclb.dataplane.tables import (
     TableSet,
     Vip,
 )
+from hpclb.live_weights import LiveWeights, Member
+from hpclb.monitoring import Monitors
 from hpclb.neighbours import NeighbourError, resolve_mac
 from hpclb.state import Checkpoint
 
@@ -49,6 +58,11 @@ NO_MAC = "00:00:00:00:00:00"
 RETRY_INTERVAL_S = 5.0
 # How often the data plane must answer hello (three misses in a row: restart).
 HEALTH_INTERVAL_S = 5.0
+# Weight changes reach the data plane at most this often (a backend going
+# down is pushed at once, whatever the interval).
+PUSH_INTERVAL_S = 1.0
+# How often the status file (run_dir/NAME.status.json) is rewritten.
+STATUS_INTERVAL_S = 1.0
 
 # Maglev (NSDI 2016) advises a table at least 100 times the backend count.
 SLOTS_PER_BACKEND_ADVISED = 100
@@ -85,15 +99,14 @@ def warn_small_rings(config: HpclbConfig) -> None:
                 SLOTS_PER_BACKEND_ADVISED)
 
 
-def pool_ring(pool: PoolConfig, ids: dict[str, int], ring_size: int,
-              unreachable: set[str]) -> np.ndarray:
-    """Maglev ring of a pool: configured weight, 0 for backends not up."""
-    members = [
-        (ids[b.name], b.name,
-         b.weight if b.state is AdminState.UP and b.name not in unreachable else 0.0)
-        for b in pool.backends
-    ]
-    return maglev.build_table(members, ring_size)
+def pool_ring(members: tuple[Member, ...], ids: dict[str, int], ring_size: int,
+              admin: dict[str, AdminState], unreachable: set[str]) -> np.ndarray:
+    """Maglev ring of a pool: live weight, 0 for backends not up."""
+    return maglev.build_table(
+        [(ids[m.name], m.name,
+          m.weight if admin[m.name] is AdminState.UP and m.name not in unreachable else 0.0)
+         for m in members],
+        ring_size)
 
 
 class Controller:
@@ -131,14 +144,24 @@ class Controller:
         self._last_health = time.monotonic()
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
+        self.wake = threading.Event()  # set by events and signals: the loop turns at once
+        self.live = LiveWeights(self.config)
+        self.monitors = Monitors(self.wake)
+        self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
+        self._pushed_members: dict[str, tuple[Member, ...]] = {}
+        self._last_push = 0.0
+        self._weights_due = False
+        self._last_status = 0.0
 
     # --- desired state -----------------------------------------------------
 
-    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None) -> str | None:
-        """The backend's MAC, or None when it does not answer ARP."""
+    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None,
+             resolve: bool = True) -> str | None:
+        """The backend's MAC, or None when it does not answer ARP (asked again
+        only when ``resolve``: the retry tick, not every weight push)."""
         if configured:
             return configured
-        if addr not in self.macs:
+        if addr not in self.macs and (resolve or addr not in self.unresolved):
             try:
                 self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
             except NeighbourError as err:
@@ -148,8 +171,21 @@ class Controller:
         self.unresolved.discard(addr)
         return self.macs[addr]
 
-    def tables_for(self, config: HpclbConfig) -> TableSet:
+    def _ring(self, pool: str, members: tuple[Member, ...], admin: dict[str, AdminState],
+              unreachable: set[str], ring_size: int) -> np.ndarray:
+        """The pool's ring, rebuilt only when its members' weights changed."""
+        ids = self.checkpoint.backends.ids
+        key = (ring_size, tuple((ids[m.name], m.name, m.weight, admin[m.name],
+                                 m.name in unreachable) for m in members))
+        cached = self._rings.get(pool)
+        if cached is None or cached[0] != key:
+            cached = self._rings[pool] = (key, pool_ring(members, ids, ring_size, admin,
+                                                         unreachable))
+        return cached[1]
+
+    def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
         app = config.appliance
+        now = time.time()
         names = {b.name for p in config.pools.values() for b in p.backends}
         self.checkpoint.backends.retain(names)
         self.checkpoint.vips.retain({v.name for v in config.vips})
@@ -157,29 +193,31 @@ class Controller:
 
         tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
         unreachable: set[str] = set()
-        for pool in config.pools.values():
+        admin: dict[str, AdminState] = {}
+        members = {name: self.live.members(name, now) for name in config.pools}
+        self._pushed_members = members
+        for pool_name, pool in config.pools.items():
+            down = {m.name for m in members[pool_name] if m.down}
             for b in pool.backends:
                 bid = self.checkpoint.backends.get(b.name)
-                mac = self._mac(b.address, b.mac)
+                admin[b.name] = b.state
+                mac = self._mac(b.address, b.mac, resolve)
                 if mac is None:
                     unreachable.add(b.name)
+                # Not answering ARP or the health verdict: DOWN, its flows move.
                 tables.backends[bid] = Backend(
                     backend_id=bid,
                     addr=b.address,
                     mac=mac or NO_MAC,
-                    state=BackendState.DOWN if mac is None else _STATE[b.state],
+                    state=(BackendState.DOWN if mac is None or b.name in down
+                           else _STATE[b.state]),
                     port=egress_port[b.via] if b.via else 0,
                 )
-        rings: dict[str, np.ndarray] = {}
         for v in config.vips:
             vid = self.checkpoint.vips.get(v.name)
             tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
-            if v.pool not in rings:
-                rings[v.pool] = pool_ring(
-                    config.pools[v.pool], self.checkpoint.backends.ids, app.ring_size,
-                    unreachable,
-                )
-            tables.rings[vid] = rings[v.pool]
+            tables.rings[vid] = self._ring(v.pool, members[v.pool], admin, unreachable,
+                                           app.ring_size)
         self.checkpoint.save()
         return tables
 
@@ -198,6 +236,7 @@ class Controller:
             return False
         self.current = desired
         self.push_pending = False
+        self._last_push = time.monotonic()
         log.info("pushed tables: %s", report.summary())
         return True
 
@@ -217,6 +256,7 @@ class Controller:
         )
         self.current = None  # read back what it holds, adopted or fresh
         self._push(desired)
+        self.monitors.sync(self.config)
 
     def reload(self) -> bool:
         """Re-read the configuration file and push what changed."""
@@ -233,8 +273,50 @@ class Controller:
         self.config = config
         warn_small_rings(config)
         self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
+        self.live.reconfigure(config)
         self._push(self.tables_for(config))
+        self.monitors.sync(config)
         return True
+
+    # --- events --------------------------------------------------------------
+
+    def _handle_events(self) -> None:
+        """Probe verdicts and telemetry since the last turn: a health change is
+        pushed now; a weight change when the push interval allows."""
+        urgent = False
+        mono, wall = time.monotonic(), time.time()
+        for event in self.monitors.drain():
+            if event[0] == "probe":
+                t = event[1]
+                urgent |= self.live.probe(t.backend, t.up, t.reason, t.time) is not None
+            elif event[0] == "telemetry":
+                msg, mono, wall = event[1], event[2], event[3]
+                _, change = self.live.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
+                urgent |= change is not None
+                self._weights_due = True
+        urgent |= bool(self.live.expire(time.monotonic(), time.time()))
+        # Ramps (rate limit, slow start) move weights between events too.
+        self._weights_due |= any(self.live.trackers) or any(
+            self.live.health.up_since(b.name) is not None
+            for p in self.config.pools.values() for b in p.backends)
+        interval_over = time.monotonic() - self._last_push >= PUSH_INTERVAL_S
+        if urgent or (self._weights_due and interval_over):
+            self._weights_due = False
+            now = time.time()
+            members = {name: self.live.members(name, now) for name in self.config.pools}
+            if urgent or members != self._pushed_members:
+                self._push(self.tables_for(self.config, resolve=False))
+
+    def write_status(self) -> None:
+        """run_dir/NAME.status.json: health, live weights, telemetry and probe
+        counters, for operators (`hpclb status`) and the lab tests."""
+        status = {"time": time.time(), "dataplane": self.choice.kind.value,
+                  "pushes_pending": self.push_pending, **self.live.report(time.time()),
+                  **self.monitors.counters()}
+        path = self.paths.run_dir / f"{self.config.appliance.name}.status.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=1, default=str))
+        tmp.replace(path)
 
     def step(self) -> None:
         """One turn of the loop: restart a dead data plane, apply a reload,
@@ -249,6 +331,10 @@ class Controller:
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
+        self._handle_events()
+        if now - self._last_status >= STATUS_INTERVAL_S:
+            self._last_status = now
+            self.write_status()
         if now - self._last_retry >= RETRY_INTERVAL_S:
             if self.unresolved:
                 self._last_retry = now
@@ -257,15 +343,17 @@ class Controller:
                 self._last_retry = now
                 self._push(self.desired)
 
-    def run_forever(self, poll_s: float = 0.5) -> None:
+    def run_forever(self, poll_s: float = 0.25) -> None:
         while not self.stop_requested.is_set():
             try:
                 self.step()
             except Exception:  # never take the data plane down with us
                 log.exception("control loop error; the data plane keeps its tables")
-            self.stop_requested.wait(poll_s)
+            self.wake.wait(poll_s)
+            self.wake.clear()
 
     def shutdown(self) -> None:
+        self.monitors.stop()
         if self.keep_dataplane:
             log.info("leaving the data plane running (pid %s)", self.dataplane.pid)
             self.dataplane.client.close()

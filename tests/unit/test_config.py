@@ -130,7 +130,7 @@ def test_example_round_trips_through_model_dump() -> None:
         (24, "    mode: nat", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
         (24, "    mode: tunnel", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
         (23, "    protocol: sctp", "t.yaml:23:", "vips[0].protocol", "'tcp' or 'udp'"),
-        (11, "    weights: dynamic", "t.yaml:11:", "pools.web.weights", "'static'"),
+        (11, "    weights: adaptive", "t.yaml:11:", "pools.web.weights", "'static' or 'dynamic'"),
         (3, "  dataplane: vpp", "t.yaml:3:", "appliance.dataplane", "'auto', 'xdp' or 'dpdk'"),
         # interfaces
         (6, "    egress: [eth1, eth0]", "t.yaml:6:", "egress[1]", "is the ingress interface"),
