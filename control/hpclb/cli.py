@@ -58,6 +58,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(connections=args.connections, dataplane=args.dataplane)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    path = (args.run_dir or Path("/run/hpclb")) / f"{cfg.appliance.name}.status.json"
+    try:
+        print(path.read_text().rstrip())
+    except FileNotFoundError:
+        print(f"{path}: no status: is `hpclb run -c {args.config}` running?", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from hpclb.bench import run_bench
 
@@ -87,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", help="counters of a running data plane")
     p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
     p.set_defaults(func=_cmd_stats)
+
+    p = sub.add_parser("status", help="health, live weights, telemetry and probe counters of "
+                       "a running appliance (its status file, rewritten every second)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--run-dir", type=Path, help="as given to hpclb run (default /run/hpclb)")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("demo", help="the lab demo on network namespaces")
     p.add_argument("--connections", type=int, default=600)

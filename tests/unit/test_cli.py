@@ -44,3 +44,12 @@ def test_yaml_syntax_error_exits_2(tmp_path: Path) -> None:
 def test_missing_file_exits_2(tmp_path: Path) -> None:
     res = hpclb("check", "-c", str(tmp_path / "absent.yaml"))
     assert res.returncode == 2 and "absent.yaml" in res.stderr
+
+
+def test_status_prints_the_status_file_or_says_why_not(tmp_path: Path) -> None:
+    example = str(EXAMPLES / "lab.yaml")
+    res = hpclb("status", "-c", example, "--run-dir", str(tmp_path))
+    assert res.returncode == 1 and "no status" in res.stderr
+    (tmp_path / "lab-lb.status.json").write_text('{"health": {}}\n')
+    res = hpclb("status", "-c", example, "--run-dir", str(tmp_path))
+    assert res.returncode == 0 and res.stdout == '{"health": {}}\n'
