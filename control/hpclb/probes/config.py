@@ -132,7 +132,10 @@ class ProbeConfig(BaseModel):
         if self.kind == "icmp" and self.port is not None:
             raise ValueError("kind icmp takes no port")
         if self.kind != "http":
-            given = {"path", "host", "expect_status"} & self.model_fields_set
+            # Set and not the default (a dumped configuration carries defaults).
+            fields = type(self).model_fields
+            given = {f for f in {"path", "host", "expect_status"} & self.model_fields_set
+                     if getattr(self, f) != fields[f].get_default(call_default_factory=True)}
             if given:
                 raise ValueError(f"{', '.join(sorted(given))} only apply to kind http")
         return self
