@@ -145,7 +145,7 @@ def _dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
     telemetry socket (what dpdk-telemetry.py reads)."""
     stats = dpdk_telemetry.query(appliance.dpdk_file_prefix, "/hpclb/stats")
     workers = dpdk_telemetry.query(appliance.dpdk_file_prefix, "/hpclb/workers")
-    w = workers["0"]
+    w = workers["worker0"]
     frames = max(int(w["frames"]), 1)
     return {
         "cycles_per_frame": int(w["busy_cycles"]) / frames,

@@ -86,7 +86,7 @@ void *lb_channel_open(void *zctx, const char *endpoint)
 		zmq_close(s);
 		return NULL;
 	}
-	if (path && chmod(path, 0600) < 0)
+	if (path && path[0] != '@' && chmod(path, 0600) < 0)
 		lb_log(LB_LOG_WARN, "chmod %s: %s", path, strerror(errno));
 	return s;
 }
@@ -136,8 +136,16 @@ void lb_channel_serve_one(void *sock, struct lb_proto_server *srv)
 		lb_log(LB_LOG_ERR, "out of memory building a reply");
 		reply.size = 0;
 	}
-	if (zmq_send(sock, reply.data, reply.size, 0) < 0)
-		lb_log(LB_LOG_WARN, "sending reply: %s", zmq_strerror(errno));
+	/* A REP socket that fails to reply cannot receive again: retry a send
+	 * a signal interrupted. */
+	for (int tries = 0; tries < 3; tries++) {
+		if (zmq_send(sock, reply.data, reply.size, 0) >= 0)
+			break;
+		if (errno != EINTR) {
+			lb_log(LB_LOG_WARN, "sending reply: %s", zmq_strerror(errno));
+			break;
+		}
+	}
 	msgpack_sbuffer_destroy(&reply);
 }
 

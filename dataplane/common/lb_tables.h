@@ -133,7 +133,8 @@ enum lb_stat {
 	LB_STAT_PASS_FRAGMENT,     /* IPv4 fragment: handed to the kernel */
 	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL */
 	LB_STAT_DROP_NO_BACKEND,   /* ring empty or no up backend within LB_RING_PROBES */
-	LB_STAT_DROP_TX_ERROR,     /* bad port or redirect failure */
+	LB_STAT_DROP_TX_ERROR,     /* bad port or redirect failure (DPDK: also frames a full
+	                            * TX queue refused, already counted as fwd_*) */
 	LB_STAT_FLOW_HIT,          /* packet matched a pinned flow */
 	LB_STAT_FLOW_NEW,          /* flow hashed into the ring */
 	LB_STAT_FLOW_REPIN,        /* pinned flow whose backend was down: re-hashed */

@@ -7,10 +7,10 @@
 #include "fwd_flow.h"
 #include "lb_hash.h"
 
-#define EVICT_SAMPLE 8       /* entries looked at to choose a victim */
-#define FULL_EXPIRE_BUDGET 64 /* entries walked to free room before evicting */
+#define EVICT_SAMPLE 8        /* used entries looked at to choose a victim */
+#define EVICT_MAX_WALK 1024   /* positions walked at most to find them */
 
-static hash_sig_t flow_sig(const struct fwd_flow_table *ft, const struct lb_flow_key *k)
+hash_sig_t fwd_flow_sig(const struct fwd_flow_table *ft, const struct lb_flow_key *k)
 {
 	return (hash_sig_t)lb_flow_hash(ft->sig_key, k);
 }
@@ -23,6 +23,7 @@ int fwd_flow_init(struct fwd_flow_table *ft, const char *name, __u32 capacity,
 		.entries = capacity,
 		.key_len = sizeof(struct lb_flow_key),
 		.socket_id = socket_id,
+		.extra_flag = RTE_HASH_EXTRA_FLAGS_EXT_TABLE,
 	};
 
 	memset(ft, 0, sizeof(*ft));
@@ -51,9 +52,9 @@ void fwd_flow_free(struct fwd_flow_table *ft)
 }
 
 struct fwd_flow_slot *fwd_flow_lookup(struct fwd_flow_table *ft, const struct lb_flow_key *k,
-				      __u64 now)
+				      hash_sig_t sig, __u64 now)
 {
-	int32_t pos = rte_hash_lookup_with_hash(ft->h, k, flow_sig(ft, k));
+	int32_t pos = rte_hash_lookup_with_hash(ft->h, k, sig);
 
 	if (pos < 0 || (__u32)pos >= ft->capacity)
 		return NULL;
@@ -61,76 +62,77 @@ struct fwd_flow_slot *fwd_flow_lookup(struct fwd_flow_table *ft, const struct lb
 	return &ft->slots[pos];
 }
 
+static int remove_at(struct fwd_flow_table *ft, __u32 pos)
+{
+	struct fwd_flow_slot *s = &ft->slots[pos];
+
+	if (rte_hash_del_key_with_hash(ft->h, &s->key, fwd_flow_sig(ft, &s->key)) < 0)
+		return -ENOENT;
+	s->used = false;
+	return 0;
+}
+
 unsigned int fwd_flow_expire(struct fwd_flow_table *ft, __u64 now, unsigned int budget)
 {
 	unsigned int removed = 0;
-	const void *key;
-	void *data;
 
 	for (unsigned int n = 0; n < budget; n++) {
-		int32_t pos = rte_hash_iterate(ft->h, &key, &data, &ft->sweep_next);
+		__u32 pos = ft->sweep_next;
+		const struct fwd_flow_slot *s = &ft->slots[pos];
 
-		if (pos == -ENOENT) {
-			ft->sweep_next = 0; /* wrapped: start over next time */
-			break;
-		}
-		if (pos < 0 || (__u32)pos >= ft->capacity)
-			break;
-		if (now - ft->slots[pos].last_seen > ft->timeout_tsc &&
-		    rte_hash_del_key(ft->h, key) >= 0)
+		ft->sweep_next = pos + 1 < ft->capacity ? pos + 1 : 0;
+		if (s->used && now - s->last_seen > ft->timeout_tsc && remove_at(ft, pos) == 0)
 			removed++;
 	}
 	return removed;
 }
 
-/* Removes the least recently seen of the next EVICT_SAMPLE entries. */
+/* Removes the least recently seen of the next EVICT_SAMPLE used entries. */
 static int evict_one(struct fwd_flow_table *ft)
 {
-	struct lb_flow_key victim;
 	__u64 oldest = UINT64_MAX;
-	bool found = false;
-	const void *key;
-	void *data;
+	__u32 victim = 0, seen = 0;
 
-	for (unsigned int n = 0; n < 2 * EVICT_SAMPLE && !(found && n >= EVICT_SAMPLE); n++) {
-		int32_t pos = rte_hash_iterate(ft->h, &key, &data, &ft->sweep_next);
+	for (__u32 n = 0; n < EVICT_MAX_WALK && seen < EVICT_SAMPLE; n++) {
+		__u32 pos = ft->sweep_next;
+		const struct fwd_flow_slot *s = &ft->slots[pos];
 
-		if (pos == -ENOENT) {
-			ft->sweep_next = 0;
+		ft->sweep_next = pos + 1 < ft->capacity ? pos + 1 : 0;
+		if (!s->used)
 			continue;
-		}
-		if (pos < 0 || (__u32)pos >= ft->capacity)
-			break;
-		if (ft->slots[pos].last_seen <= oldest) {
-			oldest = ft->slots[pos].last_seen;
-			memcpy(&victim, key, sizeof(victim));
-			found = true;
+		seen++;
+		if (s->last_seen <= oldest) {
+			oldest = s->last_seen;
+			victim = pos;
 		}
 	}
-	if (!found)
+	if (!seen)
 		return -ENOSPC;
-	return rte_hash_del_key(ft->h, &victim) >= 0 ? 0 : -ENOSPC;
+	return remove_at(ft, victim);
 }
 
-int fwd_flow_pin(struct fwd_flow_table *ft, const struct lb_flow_key *k,
+int fwd_flow_pin(struct fwd_flow_table *ft, const struct lb_flow_key *k, hash_sig_t sig,
 		 const struct lb_flow_entry *e, __u64 now)
 {
-	hash_sig_t sig = flow_sig(ft, k);
 	int32_t pos = rte_hash_add_key_with_hash(ft->h, k, sig);
 	int evicted = 0;
 
 	if (pos == -ENOSPC) {
-		/* A full table (or a full cuckoo path): expired entries first. */
-		if (!fwd_flow_expire(ft, now, FULL_EXPIRE_BUDGET)) {
-			if (evict_one(ft))
-				return -ENOSPC;
-			evicted = 1;
+		/* Full (the extendable buckets make this mean every position is
+		 * taken): idle entries first, then the oldest of a sample. */
+		if (!fwd_flow_expire(ft, now, EVICT_MAX_WALK)) {
+			if (evict_one(ft) == 0)
+				evicted = 1;
 		}
 		pos = rte_hash_add_key_with_hash(ft->h, k, sig);
 	}
-	if (pos < 0 || (__u32)pos >= ft->capacity)
+	if (pos < 0 || (__u32)pos >= ft->capacity) {
+		ft->pin_failures++;
 		return pos < 0 ? pos : -ERANGE;
+	}
 	ft->slots[pos].e = *e;
+	ft->slots[pos].key = *k;
 	ft->slots[pos].last_seen = now;
+	ft->slots[pos].used = true;
 	return evicted;
 }

@@ -217,8 +217,8 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 	for (unsigned int i = 0; i < n; i++) {
 		struct fwd_worker *w = &workers[i];
 		char name[32];
-		int socket = o->ports[0].socket_id == SOCKET_ID_ANY ?
-				     (int)rte_lcore_to_socket_id(lcores[i]) : o->ports[0].socket_id;
+		/* Only this worker touches its flow table: its own NUMA node. */
+		int socket = (int)rte_lcore_to_socket_id(lcores[i]);
 		int rc;
 
 		w->index = i;
@@ -293,9 +293,12 @@ int main(int argc, char **argv)
 		lb_log(LB_LOG_ERR, "no worker lcore: give the EAL at least two cores (-l)");
 		goto out;
 	}
+	/* Before starting them: a start that fails half way still closes what
+	 * it opened (AF_XDP removes its program and net_tap its interface only
+	 * on close). */
+	ports_up = 1;
 	if (fwd_ports_start(o.ports, o.nports, nworkers, lcores, o.numa_strict))
 		goto out;
-	ports_up = 1;
 	for (unsigned int p = 0; p < o.nports; p++) {
 		memcpy(macs[p], o.ports[p].mac, 6);
 		if (o.ports[p].tap_id == FWD_NO_PORT)
@@ -368,6 +371,7 @@ out:
 	stop = 1;
 	if (eal_up)
 		rte_eal_mp_wait_lcore();
+	fwd_telemetry_stop();
 	if (sock)
 		zmq_close(sock);
 	if (zctx)

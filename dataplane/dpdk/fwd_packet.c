@@ -89,6 +89,7 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	struct fwd_flow_slot *pinned;
 	struct lb_vip_key vkey;
 	__u32 backend_id = LB_NO_BACKEND, ihl_bytes, port;
+	hash_sig_t sig;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
 	if (len < sizeof(*eth))
@@ -136,7 +137,8 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	if (!vip)
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 
-	pinned = fwd_flow_lookup(c->flows, &flow, c->now_tsc);
+	sig = fwd_flow_sig(c->flows, &flow);
+	pinned = fwd_flow_lookup(c->flows, &flow, sig, c->now_tsc);
 	if (pinned) {
 		backend_id = pinned->e.backend;
 		backend = backend_in(t, backend_id, LB_BACKEND_UP);
@@ -162,17 +164,18 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 		fresh.pinned_ns = c->now_ns;
 		if (pinned) {
 			pinned->e = fresh;
-		} else if (fwd_flow_pin(c->flows, &flow, &fresh, c->now_tsc) == 1) {
+		} else if (fwd_flow_pin(c->flows, &flow, sig, &fresh, c->now_tsc) == 1) {
 			stat(c, LB_STAT_FLOW_EVICT, len, FWD_DROP);
 		}
 	}
 
-	port = backend->port;
+	/* Port 0 means "back out of the port it came in on" (lb_tables.h). */
+	port = backend->port ? backend->port : c->in_port;
 	if (port >= c->nports)
 		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
 	memcpy(&eth->dst_addr, backend->mac, 6);
 	memcpy(&eth->src_addr, c->port_macs[port], 6);
-	stat(c, port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
+	stat(c, backend->port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
 	count(&c->counters->vips[vip->vip_id], len);
 	count(&c->counters->backends[backend_id], len);
 	*out_port = port;

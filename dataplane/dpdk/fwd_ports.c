@@ -52,6 +52,7 @@ static int start_dev(uint16_t id, const char *name, unsigned int nq, struct rte_
 {
 	struct rte_eth_dev_info info;
 	struct rte_eth_conf conf;
+	uint16_t nrx = RX_DESC, ntx = TX_DESC;
 	int rc;
 
 	memset(&conf, 0, sizeof(conf));
@@ -66,20 +67,34 @@ static int start_dev(uint16_t id, const char *name, unsigned int nq, struct rte_
 	if (nq > 1) {
 		/* Spread flows over the workers by their 5-tuple: a flow always
 		 * lands on one worker, whose affinity table it lives in. */
-		conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
-		conf.rx_adv_conf.rss_conf.rss_hf =
-			(RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) &
-			info.flow_type_rss_offloads;
+		uint64_t hf = (RTE_ETH_RSS_IP | RTE_ETH_RSS_TCP | RTE_ETH_RSS_UDP) &
+			      info.flow_type_rss_offloads;
+
+		if (!hf && !strstr(name, "af_packet") && !strstr(name, "af_xdp")) {
+			/* af_packet steers by its fanout hash, af_xdp by the kernel
+			 * NIC's RSS; a device without either would spray a flow
+			 * over the workers. */
+			lb_log(LB_LOG_ERR, "%s: %u queues but no RSS on IP/TCP/UDP: run one "
+			       "worker, or a NIC with RSS", name, nq);
+			return -ENOTSUP;
+		}
+		if (hf) {
+			conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+			conf.rx_adv_conf.rss_conf.rss_hf = hf;
+		}
 	}
 	rc = rte_eth_dev_configure(id, (uint16_t)nq, (uint16_t)nq, &conf);
 	if (rc)
 		return rc;
+	rc = rte_eth_dev_adjust_nb_rx_tx_desc(id, &nrx, &ntx); /* the device's limits */
+	if (rc)
+		return rc;
 	for (unsigned int q = 0; q < nq; q++) {
-		rc = rte_eth_rx_queue_setup(id, (uint16_t)q, RX_DESC, rte_eth_dev_socket_id(id),
+		rc = rte_eth_rx_queue_setup(id, (uint16_t)q, nrx, rte_eth_dev_socket_id(id),
 					    NULL, mp);
 		if (rc)
 			return rc;
-		rc = rte_eth_tx_queue_setup(id, (uint16_t)q, TX_DESC, rte_eth_dev_socket_id(id),
+		rc = rte_eth_tx_queue_setup(id, (uint16_t)q, ntx, rte_eth_dev_socket_id(id),
 					    NULL);
 		if (rc)
 			return rc;
@@ -137,7 +152,10 @@ int fwd_ports_start(struct fwd_port *ports, unsigned int nports, unsigned int nq
 		memcpy(p->mac, mac.addr_bytes, 6);
 		/* DSR frames arrive for the VIP's MAC, which is this port's; the
 		 * kernel behind the TAP also wants broadcasts and its multicast. */
-		rte_eth_promiscuous_enable(p->data_id);
+		rc = rte_eth_promiscuous_enable(p->data_id);
+		if (rc)
+			lb_log(LB_LOG_WARN, "%s: promiscuous mode: %s", p->data_name,
+			       rte_strerror(-rc));
 		if (!p->tap_name[0])
 			continue;
 		if (rte_eth_dev_get_port_by_name(p->tap_name, &p->tap_id)) {

@@ -19,7 +19,11 @@ struct fwd_telemetry_view {
 	const struct fwd_worker *workers;
 };
 
-/* Registers the commands; view must outlive the EAL. 0 or a negative errno. */
+/* Registers the commands. 0 or a negative errno. */
 int fwd_telemetry_register(const struct fwd_telemetry_view *view);
+
+/* From now on the commands answer an error: call it before the tables and
+ * ports the view points at go away (telemetry threads outlive them). */
+void fwd_telemetry_stop(void);
 
 #endif /* HPCLB_FWD_TELEMETRY_H */

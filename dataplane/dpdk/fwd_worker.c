@@ -8,8 +8,8 @@
 #include "fwd_worker.h"
 
 #define BURST 32
-#define EXPIRE_EVERY 1024   /* loop iterations between two expiry slices */
-#define EXPIRE_BUDGET 64    /* entries looked at per slice */
+#define EXPIRE_EVERY 16     /* loop iterations between two expiry slices */
+#define EXPIRE_BUDGET 32    /* table positions looked at per slice */
 #define IDLE_LOOPS 256      /* empty loops before an idle worker sleeps */
 
 struct tx_buffer {
@@ -40,11 +40,16 @@ static void flush(struct fwd_worker *w, uint16_t port_id, struct tx_buffer *b)
 /* One burst from the data port in_port: decide, then send by port. */
 static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, unsigned int in)
 {
-	struct tx_buffer out[LB_MAX_PORTS] = { 0 };
-	struct tx_buffer kernel = { 0 };
+	struct tx_buffer out[LB_MAX_PORTS];
+	struct tx_buffer kernel;
 	struct rte_mbuf *pkts[BURST];
 	uint16_t n = rte_eth_rx_burst(w->ports[in].data_id, (uint16_t)w->index, pkts, BURST);
 
+	if (n == 0)
+		return 0;
+	for (unsigned int p = 0; p < w->nports; p++)
+		out[p].n = 0;
+	kernel.n = 0;
 	c->in_port = in;
 	for (uint16_t i = 0; i < n; i++) {
 		struct rte_mbuf *m = pkts[i];

@@ -10,6 +10,7 @@
 
 #include <signal.h>
 #include <stdbool.h>
+#include <rte_common.h>
 
 #include "fwd_flow.h"
 #include "fwd_ports.h"
@@ -33,7 +34,7 @@ struct fwd_worker {
 	__u64 frames;
 	__u64 total_cycles;
 	volatile sig_atomic_t *stop; /* set by the main lcore's signal handler */
-};
+} __rte_cache_aligned; /* each worker writes its own: no shared cache lines */
 
 /* rte_eal_remote_launch entry point; arg is a struct fwd_worker *. */
 int fwd_worker_main(void *arg);

@@ -8,6 +8,7 @@ protocol the protocol suite's (test_protocol_server.py), both on this binary.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hpclb import maglev
 from hpclb.dataplane import dpdk_telemetry, exception_path
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
@@ -28,8 +30,9 @@ from hpclb.dataplane.dpdk import (
     forwarder_argv,
     reserve_hugepages,
 )
+from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess
-from hpclb.dataplane.tables import STAT_NAMES
+from hpclb.dataplane.tables import STAT_NAMES, Backend, BackendState, TableSet, Vip
 
 pytestmark = [
     pytest.mark.root,
@@ -67,6 +70,16 @@ def launch(netns: str, tmp: Path, **kw: object) -> DpdkLaunch:
     return result
 
 
+def _tables(nbackends: int) -> TableSet:
+    t = TableSet(hash_key=bytes(16), ring_size=65537)
+    for i in range(nbackends):
+        t.backends[i] = Backend(i, ipaddress.IPv4Address(f"198.18.{2 + i // 250}.{1 + i % 250}"),
+                                f"02:00:00:00:{i // 256:02x}:{i % 256:02x}", BackendState.UP)
+    t.vips[5] = Vip(5, ipaddress.IPv4Address("198.18.1.10"), 80, 6)
+    t.rings[5] = maglev.build_table([(i, f"b{i}", 1.0) for i in range(nbackends)], 65537)
+    return t
+
+
 def test_telemetry_socket_serves_the_forwarders_counters(netns: str, tmp_path: Path) -> None:
     spec = launch(netns, tmp_path)
     dp = DataplaneProcess(argv=forwarder_argv(spec), endpoint=spec.socket,
@@ -77,10 +90,23 @@ def test_telemetry_socket_serves_the_forwarders_counters(netns: str, tmp_path: P
         assert set(STAT_NAMES) <= set(stats)
         assert stats["workers"] == 1 and stats["tsc_hz"] > 0
         workers = dpdk_telemetry.query(spec.file_prefix, "/hpclb/workers")
-        assert workers["0"]["lcore"] == 1 and workers["0"]["total_cycles"] > 0
+        assert workers["worker0"]["lcore"] == 1 and workers["worker0"]["total_cycles"] > 0
         ports = dpdk_telemetry.query(spec.file_prefix, "/hpclb/ports")
-        assert set(ports) == {"net_af_xdp0"} and "rx_missed" in ports["net_af_xdp0"]
+        assert set(ports) == {"port0"} and ports["port0"]["device"] == "net_af_xdp0"
+        assert "rx_missed" in ports["port0"]
         assert dpdk_telemetry.query(spec.file_prefix, "/hpclb/vips") == {}
+        # Tables pushed through the protocol show up, with their counters.
+        push_tables(dp.client, None, _tables(150))
+        vips = dpdk_telemetry.query(spec.file_prefix, "/hpclb/vips")
+        assert vips == {"vip5": {"packets": 0, "bytes": 0, "addr": "198.18.1.10", "port": 80,
+                                 "proto": "tcp"}}
+        page = dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends")
+        assert len(page) == 150 and page["backend0"]["state"] == "up"
+        # At most 200 a page (a telemetry dict holds 256): the rest from an id on.
+        push_tables(dp.client, _tables(150), _tables(300))
+        assert len(dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends")) == 200
+        rest = dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends,200")
+        assert sorted(rest, key=lambda k: int(k[7:]))[0] == "backend200" and len(rest) == 100
         # DPDK's own client reads the same socket.
         tool = shutil.which("dpdk-telemetry.py")
         if tool is None:

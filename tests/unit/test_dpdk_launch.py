@@ -77,7 +77,8 @@ def test_pci_ports_are_allowed_by_address_and_no_huge_is_explicit() -> None:
     argv = forwarder_argv(launch)
     assert "--no-pci" not in argv
     assert argv[argv.index("-a") + 1] == "0000:3b:00.0"
-    assert argv[argv.index("--no-huge") + 1] == "-m"
+    assert argv[argv.index("--no-huge") + 1] == "--no-shconf"  # --in-memory needs hugepages
+    assert "--in-memory" not in argv and argv[argv.index("-m") + 1] == "128"
     assert "--port" in argv and "0000:3b:00.0:net_tap0" in argv
     assert "--netns" not in argv
 

@@ -25,7 +25,8 @@ def socket_path(file_prefix: str) -> Path:
 
 
 def query(file_prefix: str, command: str, timeout_s: float = 2.0) -> Any:
-    """The value the process answers ``command`` with (the reply's only key)."""
+    """The value the process answers ``command`` (``/cmd`` or ``/cmd,params``)
+    with: the reply's only key."""
     path = socket_path(file_prefix)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.settimeout(timeout_s)
@@ -36,6 +37,7 @@ def query(file_prefix: str, command: str, timeout_s: float = 2.0) -> Any:
             reply = json.loads(s.recv(int(greeting.get("max_output_len", 16384))))
         except (OSError, ValueError) as exc:
             raise TelemetryError(f"{path}: {command}: {exc}") from exc
-    if not isinstance(reply, dict) or command not in reply:
+    name = command.split(",", 1)[0]  # "/cmd,params" is answered under "/cmd"
+    if not isinstance(reply, dict) or name not in reply:
         raise TelemetryError(f"{path}: {command}: unexpected reply {reply!r:.200}")
-    return reply[command]
+    return reply[name]
