@@ -267,6 +267,7 @@ class PoolConfig(_Strict):
 class TelemetryConfig(_Strict):
     """Where the node agents publish (CURVE-authenticated ZeroMQ)."""
 
+    # Bound inside appliance.netns when that is set (the receiver thread enters it).
     bind: str = Field("tcp://0.0.0.0:5557", pattern=r"^tcp://\S+:\d+$")
     server_key: Path  # the control plane's secret key file (hpclb-agent keygen --name server)
     allow_dir: Path  # one <backend name>.key per agent: the name is the node the key speaks for

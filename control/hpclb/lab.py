@@ -34,6 +34,15 @@ alone suffices does not hold on this kernel.
 TX checksum offload is off on every sender's ``eth0``: a veth hands partial checksums
 up the stack, and a frame that XDP forwarded leaves with the partial checksum still in
 it, which the backend then drops as corrupt.
+
+Load per backend (optional): ``create_cgroup(name)`` makes a cgroup v1 of that name in
+the cpu, cpuacct and memory hierarchies (``/hpclb-lab-{p}-{name}``, the same path in
+each, which is what ``hpclb-agent --cgroup`` takes), with an optional CPU quota and
+memory limit; ``start_backend(..., cgroup=)``, ``start_in_cgroup`` and ``start_agent``
+put a backend's server, a busy loop and the node agent where a job container would
+have them. The lab's cgroups go with the lab: their processes are killed (those in
+the lab's namespaces) or moved back to the lab owner's cgroups, then the directories
+are removed, on ``down()`` and by ``cleanup_stale(prefix)``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -57,6 +67,7 @@ from typing import IO, Any
 
 from pyroute2 import NetNS, netns
 
+from hpclb.agent.cgroup import parse_mountinfo
 from hpclb.dataplane.supervisor import stop_child
 
 LAN_PREFIXLEN = 24
@@ -77,6 +88,11 @@ MAC_FMT = "02:48:4c:00:00:{:02x}"
 DEFAULT_PASS_OBJ = Path(__file__).resolve().parents[2] / "dataplane" / "build" / "pass.bpf.o"
 
 _ROLE_RE = r"(br|cli|lb|b[0-9]+)"
+# Lab cgroups (v1): the controllers a backend's load is measured with, and the name
+# of each lab's cgroups, unique per lab prefix (which has no '-').
+CGROUP_CONTROLLERS: tuple[str, ...] = ("cpu", "cpuacct", "memory")
+CGROUP_PERIOD_US = 100_000
+_CGROUP_NAME_RE = r"[a-z0-9][a-z0-9_]{0,30}"
 _PYTHONPATH = str(Path(__file__).resolve().parents[1])  # .../control, for labnode
 
 
@@ -129,6 +145,7 @@ class Lab:
         self.replace_stale = replace_stale
         self._procs: list[tuple[str, subprocess.Popen[str]]] = []
         self._servers: dict[tuple[int, int], subprocess.Popen[str]] = {}
+        self._cgroups: dict[str, list[Path]] = {}  # name -> its directory per controller
         self._lock = threading.RLock()
         self._is_up = False
         self._prev_handlers: dict[int, Any] = {}
@@ -186,6 +203,13 @@ class Lab:
         if not 1 <= i <= self.backends:
             raise ValueError(f"backend index {i} not in 1..{self.backends}")
 
+    def cgroup_path(self, name: str) -> str:
+        """The cgroup path (as ``/proc/PID/cgroup`` shows it) of this lab's cgroup
+        ``name``; the same in every controller's hierarchy."""
+        if not re.fullmatch(_CGROUP_NAME_RE, name):
+            raise ValueError(f"cgroup name {name!r}: lowercase letters, digits, '_'")
+        return f"/{_cgroup_stem(self.prefix)}{name}"
+
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Lab:
@@ -235,6 +259,7 @@ class Lab:
             self._stop_procs()
             self._servers.clear()
             self.cleanup_stale(self.prefix)
+            self._cgroups.clear()
 
     @staticmethod
     def existing_namespaces(prefix: str) -> list[str]:
@@ -252,6 +277,9 @@ class Lab:
         names = cls.existing_namespaces(prefix)
         for name in names:
             _kill_ns_pids(name)
+        # After the namespaces' processes are gone: what is left in a lab cgroup
+        # (a program started outside the lab namespaces) is moved out, not killed.
+        _remove_cgroups(_cgroup_stem(prefix))
         # Deleting the bridge-side veths first removes every pair deterministically even
         # if some other namespace stays pinned by a process we could not kill.
         br = f"{prefix}-br"
@@ -397,12 +425,24 @@ class Lab:
                            f"{(res.stderr or '').strip()}")
         return res
 
-    def popen(self, ns: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
-        """Start ``argv`` in namespace ``ns``; the lab stops it on teardown at the latest."""
+    def popen(self, ns: str, argv: Sequence[str], *, cgroup: str | None = None,
+              keep_mounts: bool = False, **kwargs: Any) -> subprocess.Popen[str]:
+        """Start ``argv`` in namespace ``ns``; the lab stops it on teardown at the latest.
+
+        ``cgroup``: inside this lab's cgroup of that name (``create_cgroup``).
+        ``keep_mounts``: enter the network namespace only (``nsenter --net``), so the
+        program sees the host's /sys, cgroup mounts included: ``ip netns exec``
+        mounts a fresh sysfs over /sys, which hides /sys/fs/cgroup.
+        """
         kwargs.setdefault("text", True)
         kwargs.setdefault("env", self._env())
-        # ip netns exec execs the program in place: the Popen pid is the program's pid.
-        proc = subprocess.Popen(self._wrap(ns, argv), **kwargs)
+        full = self._wrap_net(ns, argv) if keep_mounts else self._wrap(ns, argv)
+        if cgroup is not None:
+            # Joined before entering the namespace: cgroupfs is not visible in there.
+            full = self.in_cgroup(cgroup, full)
+        # ip netns exec, nsenter and the cgroup shell exec the program in place: the
+        # Popen pid is the program's pid.
+        proc = subprocess.Popen(full, **kwargs)
         with self._lock:
             # Forget what has exited so that a long test does not grow the list.
             self._procs = [(n, p) for n, p in self._procs if p.poll() is None]
@@ -411,6 +451,9 @@ class Lab:
 
     def _wrap(self, ns: str, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.ns(ns), *argv]
+
+    def _wrap_net(self, ns: str, argv: Sequence[str]) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.ns(ns)}", "--", *argv]
 
     @staticmethod
     def _env() -> dict[str, str]:
@@ -428,6 +471,10 @@ class Lab:
         """``ethtool -K ifname feature on|off ...`` inside a namespace."""
         args = [x for kv in features.items() for x in kv]
         self.exec(ns, ["ethtool", "-K", ifname, *args])
+
+    def stop_process(self, proc: subprocess.Popen[str], grace: float = 3.0) -> None:
+        """SIGTERM (then SIGKILL after ``grace``) a process started with ``popen``."""
+        _terminate(proc, grace)
 
     def _stop_procs(self) -> None:
         with self._lock:
@@ -500,11 +547,105 @@ class Lab:
     def detach_xdp(self, ns: str, ifname: str) -> None:
         self.exec(ns, ["ip", "link", "set", "dev", ifname, "xdp", "off"])
 
+    # ------------------------------------------------------------------ cgroups
+
+    def create_cgroup(self, name: str, *, cpu_quota: float | None = None,
+                      memory_limit: int | None = None) -> str:
+        """Create this lab's cgroup ``name`` in the v1 cpu, cpuacct and memory
+        hierarchies; returns its path for ``hpclb-agent --cgroup``.
+
+        ``cpu_quota``: CPUs it may use (CFS quota over a 100 ms period), so that a
+        busy loop inside measures a load of 1 whatever the host's CPU count;
+        ``memory_limit``: bytes. Removed with the lab (``down``).
+        """
+        path = self.cgroup_path(name)
+        if name in self._cgroups:
+            raise LabError(f"cgroup {name} already exists")
+        dirs = _cgroup_dirs(path.lstrip("/"))
+        created: list[Path] = []
+        try:
+            for d in dict.fromkeys(dirs):  # cpu,cpuacct may be one hierarchy
+                d.mkdir()
+                created.append(d)
+            by_ctl = dict(zip(CGROUP_CONTROLLERS, dirs, strict=True))
+            if cpu_quota is not None:
+                if not cpu_quota > 0:
+                    raise ValueError(f"cpu_quota must be positive, got {cpu_quota}")
+                (by_ctl["cpu"] / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
+                (by_ctl["cpu"] / "cpu.cfs_quota_us").write_text(
+                    str(max(1000, round(cpu_quota * CGROUP_PERIOD_US))))
+            if memory_limit is not None:
+                (by_ctl["memory"] / "memory.limit_in_bytes").write_text(str(memory_limit))
+        except BaseException:
+            for d in reversed(created):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+        self._cgroups[name] = list(dict.fromkeys(dirs))
+        return path
+
+    def cgroup_dirs(self, name: str) -> list[Path]:
+        """The directories of cgroup ``name``, one per hierarchy (joined ones once)."""
+        if name not in self._cgroups:
+            raise LabError(f"no lab cgroup {name!r} (create_cgroup first)")
+        return list(self._cgroups[name])
+
+    def cgroup_pids(self, name: str) -> set[int]:
+        """The processes in cgroup ``name`` (in any of its hierarchies)."""
+        return {pid for d in self.cgroup_dirs(name) for pid in _cgroup_procs(d)}
+
+    def in_cgroup(self, name: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` wrapped so that it runs inside cgroup ``name`` from its first
+        instruction (a shell joins the cgroup, then execs it: same pid). Wrap the
+        namespace entry, not the program in it (``popen(cgroup=)`` does)."""
+        files = " ".join(shlex.quote(str(d / "cgroup.procs")) for d in self.cgroup_dirs(name))
+        script = f'for f in {files}; do echo $$ > "$f" || exit 125; done; exec "$@"'
+        return ["sh", "-c", script, "hpclb-lab-cgroup", *argv]
+
+    def start_in_cgroup(self, ns: str, name: str, argv: Sequence[str],
+                        **kwargs: Any) -> subprocess.Popen[str]:
+        """``popen`` in namespace ``ns`` and cgroup ``name``."""
+        return self.popen(ns, argv, cgroup=name, **kwargs)
+
+    def start_busy_loop(self, ns: str, cgroup: str) -> subprocess.Popen[str]:
+        """A shell spinning on one CPU in cgroup ``cgroup`` (stop with stop_process)."""
+        return self.start_in_cgroup(ns, cgroup, ["sh", "-c", "while :; do :; done"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+
+    # ------------------------------------------------------------------ agents
+
+    def start_agent(
+        self, ns: str, *, connect: str, server_key: str | os.PathLike[str],
+        key: str | os.PathLike[str], node_id: str | None = None, cgroup: str | None = None,
+        base_interval: float = 0.5, log: str | os.PathLike[str] | None = None,
+        extra: Sequence[str] = (),
+    ) -> subprocess.Popen[str]:
+        """Start ``hpclb-agent run`` in namespace ``ns`` (a role: its node id by
+        default), reporting this lab's cgroup ``cgroup`` when given (the agent itself
+        stays outside it, as a node's agent runs outside its job container); its
+        output goes to ``log`` (appended), or nowhere. Only the network namespace is
+        entered, so that the agent sees the cgroup mounts."""
+        role = self.ns(ns).rsplit("-", 1)[-1]
+        argv = [sys.executable, "-m", "hpclb.agent.main", "run", "--connect", connect,
+                "--node-id", node_id or role, "--server-key", str(server_key),
+                "--key", str(key), "--base-interval", str(base_interval),
+                *(["--cgroup", self.cgroup_path(cgroup)] if cgroup is not None else []),
+                *extra]
+        if log is None:
+            return self.popen(ns, argv, keep_mounts=True, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(log, "a") as out:
+            return self.popen(ns, argv, keep_mounts=True, stdin=subprocess.DEVNULL,
+                              stdout=out, stderr=subprocess.STDOUT)
+
     # ------------------------------------------------------------------ backends
 
     def start_backend(self, i: int, port: int = DEFAULT_PORT, *, udp: bool = False,
-                      ready_timeout: float = 10.0) -> subprocess.Popen[str]:
-        """Start backend ``i``'s name server on ``port`` (TCP, plus UDP with ``udp``).
+                      ready_timeout: float = 10.0,
+                      cgroup: str | None = None) -> subprocess.Popen[str]:
+        """Start backend ``i``'s name server on ``port`` (TCP, plus UDP with ``udp``),
+        inside this lab's cgroup ``cgroup`` when given.
 
         Returns once it listens. Its name is ``b<i>``, what the client counts.
         """
@@ -516,7 +657,7 @@ class Lab:
         # stderr goes to an anonymous file, not a pipe: nobody drains a pipe after
         # startup, and a full one would freeze the server mid-test.
         with tempfile.TemporaryFile(mode="w+") as errfile:
-            proc = self.popen(self.backend_ns(i), argv, stdout=subprocess.PIPE,
+            proc = self.popen(self.backend_ns(i), argv, cgroup=cgroup, stdout=subprocess.PIPE,
                               stderr=errfile)
             try:
                 _wait_ready(proc, ready_timeout, errfile)
@@ -591,6 +732,92 @@ def _terminate(proc: subprocess.Popen[str], grace: float = 3.0) -> None:
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def _v1_mounts() -> dict[str, Path]:
+    """{controller: mount point} of the v1 cpu, cpuacct and memory hierarchies."""
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    found: dict[str, Path] = {}
+    for c in CGROUP_CONTROLLERS:
+        m = next((m for m in mounts if m.version == 1 and c in m.controllers), None)
+        if m is not None:
+            found[c] = m.mount_point
+    return found
+
+
+def cgroup_controllers_missing() -> list[str]:
+    """The v1 controllers lab cgroups need that this host does not mount (a test
+    skips on a non-empty answer)."""
+    try:
+        mounts = _v1_mounts()
+    except OSError:
+        return list(CGROUP_CONTROLLERS)
+    return [c for c in CGROUP_CONTROLLERS if c not in mounts]
+
+
+def _cgroup_dirs(rel: str) -> list[Path]:
+    """The directory of cgroup ``rel`` in each controller's hierarchy, in
+    CGROUP_CONTROLLERS order (LabError when one is not mounted as v1)."""
+    mounts = _v1_mounts()
+    missing = [c for c in CGROUP_CONTROLLERS if c not in mounts]
+    if missing:
+        raise LabError(f"lab cgroups need the v1 {', '.join(missing)} controller(s) mounted")
+    return [mounts[c] / rel for c in CGROUP_CONTROLLERS]
+
+
+def _cgroup_stem(prefix: str) -> str:
+    return f"hpclb-lab-{prefix}-"
+
+
+def _cgroup_procs(directory: Path) -> list[int]:
+    try:
+        return [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _own_cgroup(mount: Path, controller: str) -> Path:
+    """This process's cgroup directory in a v1 hierarchy (where strays go back)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                own = mount / path.lstrip("/")
+                if own.is_dir():
+                    return own
+    return mount
+
+
+def _remove_cgroups(stem: str, timeout: float = 5.0) -> list[Path]:
+    """Remove every lab cgroup named ``stem*``: processes still inside are moved
+    to this process's own cgroup first (an rmdir of a cgroup with tasks fails).
+    Returns the directories that could not be removed."""
+    left: list[Path] = []
+    try:
+        mounts = _v1_mounts()
+    except OSError:
+        return left
+    for controller, mount in mounts.items():
+        for d in sorted(mount.glob(f"{stem}*")):
+            if not d.is_dir():
+                continue
+            deadline = time.monotonic() + timeout
+            while True:
+                for pid in _cgroup_procs(d):
+                    with contextlib.suppress(OSError):  # gone meanwhile
+                        (_own_cgroup(mount, controller) / "cgroup.procs").write_text(str(pid))
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:  # joined hierarchies: already removed
+                    break
+                except OSError:
+                    # EBUSY while a killed task is still exiting.
+                    if time.monotonic() > deadline:
+                        left.append(d)
+                        break
+                    time.sleep(0.05)
+    return left
 
 
 def _kill_ns_pids(name: str) -> None:

@@ -9,11 +9,13 @@ operator makes them (edit the YAML, send SIGHUP).
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ from hpclb.lab import Lab
 LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
 LAB_VIP = "198.18.1.10"
 LAB_PORT = 8080
+# Where the node agents publish: a port on the appliance's lab address, which
+# `hpclb run`'s telemetry receiver binds inside the appliance namespace.
+LAB_TELEMETRY_PORT = 5557
 
 
 class LabApplianceError(RuntimeError):
@@ -34,12 +39,26 @@ class LabApplianceError(RuntimeError):
 
 
 class LabAppliance:
-    """`hpclb run` for a lab, with helpers to change weights and states."""
+    """`hpclb run` for a lab, with helpers to change weights and states.
+
+    By default the pool is static, without probes or telemetry. A lab that
+    follows its backends passes ``weights_mode="dynamic"``, the pool's
+    ``policy`` and ``probe`` (dicts, as in the YAML) and a ``telemetry``
+    section (bind, server_key, allow_dir...); :meth:`status` reads the
+    status file `hpclb run` rewrites every second.
+    """
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
                  xdp_mode: str = "native", static_macs: bool = False,
-                 dataplane: str = "xdp", dpdk_idle_sleep_us: int = 50) -> None:
+                 dataplane: str = "xdp", dpdk_idle_sleep_us: int = 50, *,
+                 weights_mode: str = "static", policy: dict[str, Any] | None = None,
+                 probe: dict[str, Any] | None = None,
+                 telemetry: dict[str, Any] | None = None) -> None:
         self.lab = lab
+        self.weights_mode = weights_mode
+        self.policy = policy
+        self.probe = probe
+        self.telemetry = telemetry
         self.workdir = workdir
         self.weights = dict(weights)
         self.states: dict[str, str] = dict.fromkeys(weights, "up")
@@ -67,6 +86,13 @@ class LabAppliance:
             | ({"mac": self.lab.mac(name)} if self.static_macs else {})
             for name, w in self.weights.items()
         ]
+        pool: dict[str, Any] = {"weights": self.weights_mode}
+        if self.policy is not None:
+            pool["policy"] = self.policy
+        if self.probe is not None:
+            pool["probe"] = self.probe
+        pool["backends"] = backends
+        telemetry = {} if self.telemetry is None else {"telemetry": self.telemetry}
         return {
             "appliance": {
                 "name": self.name,
@@ -82,7 +108,8 @@ class LabAppliance:
                          "reserve_hugepages": True, "idle_sleep_us": self.dpdk_idle_sleep_us,
                          "flow_table_size": 65536},
             },
-            "pools": {"lab": {"weights": "static", "backends": backends}},
+            **telemetry,
+            "pools": {"lab": pool},
             "vips": [
                 {"name": "lab-tcp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "tcp",
                  "mode": "dsr", "pool": "lab"},
@@ -138,6 +165,40 @@ class LabAppliance:
             return self.log_path.read_text()[-4000:]
         except FileNotFoundError:
             return "(no log)"
+
+    def telemetry_endpoint(self, port: int = LAB_TELEMETRY_PORT) -> str:
+        """Where agents in the backend namespaces reach the telemetry receiver."""
+        return f"tcp://{self.lab.ip_of('lb')}:{port}"
+
+    @property
+    def status_path(self) -> Path:
+        return self.workdir / "run" / f"{self.name}.status.json"
+
+    def status(self) -> dict[str, Any]:
+        """The status file (health, weights, samples, telemetry and probe counters);
+        LabApplianceError while there is none yet."""
+        try:
+            data: dict[str, Any] = json.loads(self.status_path.read_text())
+        except (OSError, ValueError) as err:
+            raise LabApplianceError(f"no status file {self.status_path}: {err}") from None
+        return data
+
+    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
+                    what: str = "condition") -> dict[str, Any]:
+        """Poll the status file until ``predicate(status)`` holds; returns that status."""
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, Any] | None = None
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LabApplianceError(f"hpclb run exited:\n{self.log_text()}")
+            with contextlib.suppress(LabApplianceError):
+                last = self.status()
+                if predicate(last):
+                    return last
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"status: no {what} within {timeout_s}s; last status: "
+                                        f"{json.dumps(last)[:3000]}\n{self.log_text()}")
+            time.sleep(0.1)
 
     def reload(self, timeout_s: float = 15.0) -> None:
         """Rewrite the configuration, SIGHUP `hpclb run`, wait for its push."""

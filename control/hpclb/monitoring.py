@@ -1,6 +1,10 @@
 """The control plane's eyes on the backends: health probes and the node
 agents' telemetry, each in its own thread, both delivering onto one queue
-that the controller drains (and a wake-up event, so it reacts at once).
+that the controller drains (and a wake-up event, so it reacts at once). Both
+threads enter the appliance's network namespace (``appliance.netns``) first:
+probes leave from there and the telemetry receiver binds there, where the
+agents on the backends' network reach the appliance (in the lab, its address
+198.18.0.3 exists only inside the appliance namespace).
 
 Events: ``("probe", Transition)`` and ``("telemetry", TelemetryMessage,
 monotonic, wall)``. The node id of a telemetry message has already been
@@ -54,7 +58,7 @@ class Monitors:
         t = config.telemetry
         if t is not None and self.telemetry is None:
             receiver = TelemetryReceiver(t.bind, t.server_key, t.allow_dir, self._on_message)
-            self.telemetry = ReceiverThread(receiver)
+            self.telemetry = ReceiverThread(receiver, config.appliance.netns)
             self.telemetry.start()
             self._telemetry_bind = t.bind
             log.info("telemetry: listening on %s, %d agent keys allowed",

@@ -45,6 +45,7 @@ import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
+from hpclb.netns import enter_netns
 from hpclb.telemetry import (
     DECODE_REASONS,
     MAX_MESSAGE_BYTES,
@@ -360,8 +361,12 @@ class ReceiverThread:
     callers. ``on_message`` then runs in that thread: hand messages over with a
     queue or a lock."""
 
-    def __init__(self, receiver: TelemetryReceiver) -> None:
+    def __init__(self, receiver: TelemetryReceiver, netns: str | None = None) -> None:
         self.receiver = receiver
+        #: Network namespace (name or /proc/PID/ns/net path) the thread enters
+        #: before it binds, as the probe thread does: the agents reach the
+        #: appliance where the data plane forwards (the lab's appliance namespace).
+        self.netns = netns
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -377,6 +382,13 @@ class ReceiverThread:
         self._started.result(timeout)
 
     def _main(self) -> None:
+        if self.netns:
+            try:
+                enter_netns(self.netns)
+            except OSError as err:
+                self._started.set_exception(err)
+                return
+
         async def serve() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
