@@ -10,7 +10,7 @@
 #include "fwd_ports.h"
 #include "lb_log.h"
 
-#define RX_DESC 1024
+#define RX_DESC 4096 /* deep: absorbs the worker's scheduling stalls (AF_XDP on a shared vCPU) */
 #define TX_DESC 1024
 #define POOL_CACHE 256
 #define MAX_XSTATS 512
