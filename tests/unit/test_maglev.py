@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpclb import maglev
 from hpclb.dataplane.tables import RING_SIZE_DEFAULT, RING_SIZE_MAX
 from hpclb.maglev import (
     NO_BACKEND,
@@ -312,3 +313,27 @@ def test_bad_patches_are_refused() -> None:
         diff_tables(table, build_table(equal(3), 1009))
     same = apply_patch(table, np.array([], dtype=np.uint32), np.array([], dtype=np.uint32))
     np.testing.assert_array_equal(same, table)
+
+
+def test_the_c_fill_gives_the_python_fill_table() -> None:
+    """libhpclb_maglev.so (maglev_fill.c) and the Python loop build the same
+    rings, byte for byte, whatever the members, weights and ring size."""
+    import os
+    import random
+
+    if maglev._c_fill is None:
+        reason = f"{maglev._FILL_LIB} not built (make -C dataplane)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    rng = random.Random(11)
+    for size in (7, 251, 65537):
+        for n in (2, 3, 10, 97, 1000):
+            if n > size:
+                continue
+            members = [(i, f"node{rng.randrange(10**9)}-{i}", rng.choice([0.0, 0.5, 1.0, 1.25, 3.0,
+                                                                          rng.random()]))
+                       for i in range(n)]
+            c = maglev.build_table(members, size)
+            py = maglev.build_table(members, size, use_c=False)
+            assert c.dtype == py.dtype and (c == py).all(), (size, n)
