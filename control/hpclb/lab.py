@@ -696,6 +696,16 @@ class Lab:
         res = self.exec("cli", argv, check=False, timeout=deadline + 30)
         return _parse_report(res.stdout, res.stderr)
 
+    def udp_flows(self, vip: str, port: int, sports: str) -> dict[str, str]:
+        """One datagram from each source port of ``sports`` ("FIRST-LAST") to
+        ``vip``: which backend answered each flow (``labnode udpflows``)."""
+        res = self.exec("cli", [sys.executable, "-m", "hpclb.labnode", "udpflows", "--vip", vip,
+                                "--port", str(port), "--sports", sports, "--json"])
+        report = _parse_report(res.stdout, res.stderr)
+        if report["errors"]:
+            raise LabError(f"udpflows {sports}: {report['errors']}")
+        return dict(report["flows"])
+
     def start_stream(
         self, vip: str | None = None, port: int = DEFAULT_PORT, *, interval_ms: float = 100,
         duration: float = 5.0, timeout: float = 2.0,

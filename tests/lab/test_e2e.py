@@ -52,14 +52,7 @@ def appliance(lab: Lab, tmp_path: Path, dataplane: str) -> Iterator[LabAppliance
 
 
 def udp_flows(lab: Lab, sports: str) -> dict[str, str]:
-    import json
-    import sys
-
-    res = lab.exec("cli", [sys.executable, "-m", "hpclb.labnode", "udpflows", "--vip", LAB_VIP,
-                           "--port", str(LAB_PORT), "--sports", sports, "--json"])
-    report = json.loads(res.stdout)
-    assert report["errors"] == {}, report["errors"]
-    return dict(report["flows"])
+    return lab.udp_flows(LAB_VIP, LAB_PORT, sports)
 
 
 def test_the_configured_data_plane_runs(appliance: LabAppliance, dataplane: str) -> None:

@@ -149,11 +149,7 @@ def weights(status: dict[str, Any]) -> dict[str, float]:
 
 
 def udp_flows(lab: Lab, sports: str) -> dict[str, str]:
-    res = lab.exec("cli", [sys.executable, "-m", "hpclb.labnode", "udpflows", "--vip", LAB_VIP,
-                           "--port", str(LAB_PORT), "--sports", sports, "--json"])
-    report = json.loads(res.stdout)
-    assert report["errors"] == {}, report["errors"]
-    return dict(report["flows"])
+    return lab.udp_flows(LAB_VIP, LAB_PORT, sports)
 
 
 def new_connections(lab: Lab, n: int = 600) -> dict[str, float]:
