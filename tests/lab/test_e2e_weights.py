@@ -220,7 +220,10 @@ def test_loaded_backend_gets_fewer_new_connections_established_ones_stay(
           f"new connections {rounded(share_before)} -> {rounded(share_after)}")
 
     w = weights(loaded)
-    assert w["b1"] < 0.35 and w["b2"] >= IDLE_WEIGHT - 0.1 and w["b3"] >= IDLE_WEIGHT - 0.1, w
+    # b2 and b3 serve the stream meanwhile (0.5 CPU quota each): ~0.8 when the
+    # host is busy, ~0.97 when it is quiet; b1 is far below either way.
+    assert w["b1"] < 0.35 and min(w["b2"], w["b3"]) >= 0.6, w
+    assert w["b1"] < 0.5 * min(w["b2"], w["b3"]), w
     w = weights(during)  # after 600 connections: b2 and b3 worked a little too
     assert w["b1"] < 0.5 and w["b1"] < min(w["b2"], w["b3"]), w
     assert ring_after["b1"] < ring_before["b1"] - 0.1, (ring_before, ring_after)
