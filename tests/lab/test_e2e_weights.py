@@ -1,4 +1,4 @@
-"""Lab end-to-end: weights follow the backends (issue 4, item 6), on the XDP data plane.
+"""Lab end-to-end: weights follow the backends (issue 4, item 6), on both data planes.
 
 Client, appliance and three backends in network namespaces, as in test_e2e. Each
 backend's server runs in a cgroup v1 of its own (cpu, cpuacct, memory; a CPU quota
@@ -7,7 +7,9 @@ of half a CPU, so one busy loop inside reads as a load of 1), and a real
 figures over CURVE to `hpclb run`, whose telemetry receiver binds the appliance's
 lab address inside the appliance namespace. The pool is dynamic with a fast policy
 (no smoothing, no rate limit, 6 s slow start) and a TCP probe every 0.3 s (rise 2,
-fall 3, no damping), so what the tests wait for happens within seconds.
+fall 3, no damping), so what the tests wait for happens within seconds. Every test runs on XDP and on
+DPDK; with DPDK the appliance's address lives on the forwarder's exception TAP, so
+the probes and the telemetry cross the exception path.
 
 The machine is a noisy 2-core box: the tests poll for conditions with generous
 deadlines and assert on counts and directions, never on speed; the one bound on
@@ -113,14 +115,21 @@ def agents() -> dict[str, subprocess.Popen[str]]:
     return {}
 
 
+@pytest.fixture(params=["xdp", "dpdk"])
+def dataplane(request: pytest.FixtureRequest) -> str:
+    """Both data planes. With DPDK the probes and the agents' telemetry reach
+    the control plane through the forwarder's exception path (the TAP)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def appliance(lab: Lab, keys: Keys, tmp_path: Path,
+def appliance(lab: Lab, keys: Keys, tmp_path: Path, dataplane: str,
               agents: dict[str, subprocess.Popen[str]]) -> Iterator[LabAppliance]:
     """`hpclb run` with a dynamic pool, probes and telemetry, and one agent per
     backend; yields once every backend is up with an idle weight."""
     telemetry = {"bind": f"tcp://{lab.ip_of('lb')}:{LAB_TELEMETRY_PORT}",
                  "server_key": str(keys.secret("server")), "allow_dir": str(keys.allow)}
-    with LabAppliance(lab, tmp_path, WEIGHTS, dataplane="xdp", weights_mode="dynamic",
+    with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane, weights_mode="dynamic",
                       policy=POLICY, probe=PROBE, telemetry=telemetry) as app:
         try:
             for name in BACKENDS:
