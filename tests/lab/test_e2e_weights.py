@@ -7,9 +7,9 @@ of half a CPU, so one busy loop inside reads as a load of 1), and a real
 figures over CURVE to `hpclb run`, whose telemetry receiver binds the appliance's
 lab address inside the appliance namespace. The pool is dynamic with a fast policy
 (no smoothing, no rate limit, 6 s slow start) and a TCP probe every 0.3 s (rise 2,
-fall 3, no damping), so what the tests wait for happens within seconds. Every test runs on XDP and on
-DPDK; with DPDK the appliance's address lives on the forwarder's exception TAP, so
-the probes and the telemetry cross the exception path.
+fall 3, no damping), so what the tests wait for happens within seconds. Every test
+runs on XDP and on DPDK; with DPDK the appliance's address lives on the forwarder's
+exception TAP, so the probes and the telemetry cross the exception path.
 
 The machine is a noisy 2-core box: the tests poll for conditions with generous
 deadlines and assert on counts and directions, never on speed; the one bound on
