@@ -179,6 +179,8 @@ class ApplianceConfig(_Strict):
     control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
     xdp: XdpConfig = Field(default_factory=XdpConfig)
     dpdk: DpdkConfig = Field(default_factory=DpdkConfig)
+    # Prometheus exporter, "host:port" (e.g. 127.0.0.1:9108); none when unset.
+    metrics: str | None = Field(None, pattern=r"^[^\s:/]*:\d{1,5}$")
 
     @model_validator(mode="after")
     def _dpdk_ports(self) -> ApplianceConfig:

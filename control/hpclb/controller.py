@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hpclb import maglev
+from hpclb import maglev, metrics
 from hpclb.config import BackendState as AdminState
 from hpclb.config import ConfigError, HpclbConfig, load_config
 from hpclb.dataplane.push import push_tables
@@ -152,6 +152,8 @@ class Controller:
         self._last_push = 0.0
         self._weights_due = False
         self._last_status = 0.0
+        self.status: dict[str, Any] | None = None  # the last snapshot (status file, metrics)
+        self._metrics: Any = None
 
     # --- desired state -----------------------------------------------------
 
@@ -257,6 +259,9 @@ class Controller:
         self.current = None  # read back what it holds, adopted or fresh
         self._push(desired)
         self.monitors.sync(self.config)
+        if self.config.appliance.metrics:
+            self._metrics = metrics.serve(self.config.appliance.metrics, lambda: self.status)
+            log.info("metrics: Prometheus exporter on %s", self.config.appliance.metrics)
 
     def reload(self) -> bool:
         """Re-read the configuration file and push what changed."""
@@ -313,6 +318,11 @@ class Controller:
         status = {"time": time.time(), "dataplane": self.choice.kind.value,
                   "pushes_pending": self.push_pending, **self.live.report(time.time()),
                   **self.monitors.counters()}
+        try:
+            status["dataplane_stats"] = self.dataplane.client.stats()
+        except Exception as err:  # a missing figure, not a reason to stop
+            log.debug("data-plane stats unavailable: %s", err)
+        self.status = status
         path = self.paths.run_dir / f"{self.config.appliance.name}.status.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(status, indent=1, default=str))
@@ -354,6 +364,8 @@ class Controller:
 
     def shutdown(self) -> None:
         self.monitors.stop()
+        if self._metrics is not None:
+            self._metrics[0].shutdown()
         if self.keep_dataplane:
             log.info("leaving the data plane running (pid %s)", self.dataplane.pid)
             self.dataplane.client.close()

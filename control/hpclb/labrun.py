@@ -53,8 +53,10 @@ class LabAppliance:
                  dataplane: str = "xdp", dpdk_idle_sleep_us: int = 50, *,
                  weights_mode: str = "static", policy: dict[str, Any] | None = None,
                  probe: dict[str, Any] | None = None,
-                 telemetry: dict[str, Any] | None = None) -> None:
+                 telemetry: dict[str, Any] | None = None,
+                 metrics: str | None = None) -> None:
         self.lab = lab
+        self.metrics = metrics  # Prometheus exporter address, "host:port"
         self.weights_mode = weights_mode
         self.policy = policy
         self.probe = probe
@@ -101,6 +103,7 @@ class LabAppliance:
                 "netns": self.lab.lb_ns,
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
+                **({"metrics": self.metrics} if self.metrics else {}),
                 "xdp": {"mode": self.xdp_mode},
                 # A lab on a small shared host: one worker, hugepages grown on
                 # demand, a modest flow table.

@@ -118,8 +118,12 @@ class LiveWeights:
                             not self.health.is_up(b.name)) for b in pool.backends)
 
     def report(self, now: float) -> dict[str, object]:
+        health = self.health.snapshot()
+        for pool in self.config.pools.values():
+            for b in pool.backends:  # never probed nor heard: up as far as we know
+                health.setdefault(b.name, {"up": True, "probe_up": True, "beats_missed": False})
         return {
-            "health": self.health.snapshot(),
+            "health": dict(sorted(health.items())),
             "weights": {p: {m.name: m.weight for m in self.members(p, now)}
                         for p in self.config.pools},
             "samples_accepted": {p: t.accepted for p, t in self.trackers.items()},

@@ -45,9 +45,18 @@ def dataplane(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
 def appliance(lab: Lab, tmp_path: Path, dataplane: str) -> Iterator[LabAppliance]:
-    with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane) as appliance:
+    with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane,
+                      metrics=f"127.0.0.1:{free_port()}") as appliance:
         yield appliance
 
 
@@ -60,6 +69,30 @@ def test_the_configured_data_plane_runs(appliance: LabAppliance, dataplane: str)
     expected = {"xdp": ("xdp", "native"), "dpdk": ("dpdk", "poll")}[dataplane]
     assert (hello["dataplane"], hello["attach_mode"]) == expected
     assert f"data plane: {dataplane} (configured)" in appliance.log_text()
+
+
+def test_prometheus_metrics_carry_the_data_planes_counters(
+        lab: Lab, appliance: LabAppliance) -> None:
+    """The exporter (appliance.metrics) serves the data plane's counters and the
+    backends' health and weights, refreshed every second."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert lab.run_client(LAB_VIP, LAB_PORT, connections=50)["failures"] == 0
+    deadline = time.monotonic() + 15
+    while True:
+        with urllib.request.urlopen(f"http://{appliance.metrics}/metrics", timeout=10) as r:
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for f in text_string_to_metric_families(r.read().decode())
+                       for s in f.samples}
+        fwd = samples.get(("hpclb_dataplane_packets_total", (("counter", "fwd_tx"),)), 0)
+        if fwd >= 150 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert fwd >= 150  # SYN, ACK, request... of 50 connections
+    assert {samples[("hpclb_backend_up", (("backend", b),))] for b in WEIGHTS} == {1.0}
+    assert samples[("hpclb_backend_weight", (("backend", "b3"), ("pool", "lab")))] == 2.0
 
 
 def test_the_appliance_itself_stays_reachable(lab: Lab, appliance: LabAppliance,
