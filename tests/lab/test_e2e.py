@@ -207,8 +207,9 @@ def test_control_plane_death_does_not_stop_forwarding(lab: Lab, appliance: LabAp
     appliance.start()
     log = appliance.log_text()
     assert "adopted running data plane" in log
-    assert log.rstrip().endswith("key=same backends=0 vips=0 vips_deleted=0 full_rings=0 "
-                                 "patched_slots=0"), log
+    pushes = [line for line in log.splitlines() if "pushed tables" in line]
+    assert pushes[-1].endswith("key=same backends=0 vips=0 vips_deleted=0 full_rings=0 "
+                               "patched_slots=0"), log
     assert udp_flows(lab, "23000-23099") == before
 
 
