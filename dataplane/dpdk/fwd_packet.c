@@ -134,6 +134,8 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	vkey.port = flow.dport;
 	vkey.proto = flow.proto;
 	vip = fwd_vip_lookup(t, &vkey);
+	if (!vip && !t->configured)
+		return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP); /* see fwd_tables.h */
 	if (!vip)
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 

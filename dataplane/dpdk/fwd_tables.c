@@ -80,6 +80,7 @@ static int op_set_config(void *ctx, const struct lb_config *cfg)
 	if (!next)
 		return -ENOMEM;
 	next->config = *cfg;
+	next->configured = true;
 	publish(&c->store, next);
 	return 0;
 }

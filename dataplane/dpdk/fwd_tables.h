@@ -36,6 +36,10 @@ struct fwd_vip_slot {
 
 struct fwd_tables {
 	struct lb_config config;
+	/* Set by the first set_config. Until then a restarted forwarder knows no
+	 * VIP, and passing VIP traffic to the kernel (which may hold the VIP
+	 * addresses) would get live connections reset: it drops TCP/UDP instead. */
+	bool configured;
 	struct fwd_vip_slot vip_index[FWD_VIP_INDEX_SIZE];
 	struct lb_vip_key vip_keys[LB_MAX_VIPS]; /* by vip_id, for rebuilding the index */
 	__u8 vip_modes[LB_MAX_VIPS];

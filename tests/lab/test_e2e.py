@@ -234,7 +234,10 @@ def test_killed_data_plane_is_restarted_without_breaking_a_stream(
     the forwarder is the data path, so packets wait for the restart (about a
     second), which TCP's retransmission covers. A TCP stream running across it
     never notices either way."""
-    stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0)
+    # A DPDK restart leaves a second or two without forwarding (the forwarder is
+    # the data path; frames are dropped, never passed to the kernel holding the
+    # VIP): TCP retransmits across it, so the reads may wait that long.
+    stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0, timeout=10.0)
     time.sleep(1.0)
     pid = appliance.dataplane_pid()
     pushes = appliance.pushes()
