@@ -228,7 +228,7 @@ def test_broken_reload_keeps_the_running_configuration(lab: Lab,
 
 
 def test_killed_data_plane_is_restarted_without_breaking_a_stream(
-        lab: Lab, appliance: LabAppliance) -> None:
+        lab: Lab, appliance: LabAppliance, dataplane: str) -> None:
     """kill -9 of the data plane; `hpclb run` restarts it and pushes the tables
     again. XDP: the attached program keeps forwarding from the pinned maps. DPDK:
     the forwarder is the data path, so packets wait for the restart (about a
@@ -247,7 +247,8 @@ def test_killed_data_plane_is_restarted_without_breaking_a_stream(
     assert "restarting" in appliance.log_text()
     report = lab.wait_json(stream, timeout=30)
     assert report["errors"] == [] and len(report["distinct"]) == 1
-    assert len(report["names"]) >= 60
+    # XDP forwards all along (100 lines in 5 s); DPDK pauses for the restart.
+    assert len(report["names"]) >= (60 if dataplane == "xdp" else 10)
     assert lab.run_client(LAB_VIP, LAB_PORT, connections=200)["failures"] == 0
 
 
