@@ -7,6 +7,14 @@
   the next heartbeat. A backend whose agent was never heard is not held to it
   (static pools need no agent).
 
+A heartbeat is judged by when it arrived at the receiver, and only over time
+the appliance could hear: ``expire`` takes ``heard_since``, the monotonic time
+since which the receiving side had no trouble of its own (a stalled loop, a
+paused listener, files exhausted). An agent is late only if it missed
+``missed`` intervals counted from the later of its last heartbeat and that
+time; while the appliance itself cannot hear, an overdue backend is *unknown*
+(kept as it is, shown in the status), never DOWN.
+
 A backend is up when both say so. Every change is returned as a
 :class:`Change`, which the controller logs, hands to the weight trackers
 (``WeightTracker.set_up``, which zeroes the weight at once and ramps it back up
@@ -16,6 +24,7 @@ re-hash at their next packet). Pure: time is passed in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -35,6 +44,7 @@ class _Backend:
     beats_missed: bool = False
     up: bool = True
     up_since: float | None = None  # wall time of the last down -> up
+    beats_unknown: bool = False  # overdue, but the appliance could not hear meanwhile
 
 
 class BackendHealth:
@@ -62,19 +72,25 @@ class BackendHealth:
     def heartbeat(self, name: str, interval_s: float, mono: float, wall: float) -> Change | None:
         b = self._get(name)
         b.beat_at, b.beat_interval = mono, max(interval_s, 0.0)
+        b.beats_unknown = False
         if not b.beats_missed:
             return None
         b.beats_missed = False
         return self._settle(name, b, "agent heard again", wall)
 
-    def expire(self, mono: float, wall: float) -> list[Change]:
-        """Backends whose agent went quiet for ``missed`` intervals."""
+    def expire(self, mono: float, wall: float,
+               heard_since: float | None = -math.inf) -> list[Change]:
+        """Backends whose agent went quiet for ``missed`` intervals while the
+        appliance could hear (since ``heard_since``; None: it cannot now)."""
         changes = []
         for name, b in self._b.items():
             if b.beat_at is None or b.beats_missed:
                 continue
             limit = self.missed * b.beat_interval
-            if mono - b.beat_at > limit:
+            overdue = mono - b.beat_at > limit
+            b.beats_unknown = overdue and (
+                heard_since is None or mono - max(b.beat_at, heard_since) <= limit)
+            if overdue and not b.beats_unknown:
                 b.beats_missed = True
                 change = self._settle(
                     name, b, f"agent missed {self.missed} heartbeats "
@@ -96,5 +112,6 @@ class BackendHealth:
         return b.up_since if b else None
 
     def snapshot(self) -> dict[str, dict[str, object]]:
-        return {name: {"up": b.up, "probe_up": b.probe_up, "beats_missed": b.beats_missed}
+        return {name: {"up": b.up, "probe_up": b.probe_up, "beats_missed": b.beats_missed,
+                       "beats_unknown": b.beats_unknown}
                 for name, b in sorted(self._b.items())}

@@ -6,6 +6,8 @@ import argparse
 import gc
 import json
 import logging
+import os
+import resource
 import signal
 import sys
 import threading
@@ -13,20 +15,66 @@ from pathlib import Path
 
 from hpclb.config import ConfigError, load_config
 
+EXIT_START = 1
 EXIT_CONFIG = 2
+# The control plane is a server (telemetry connections, probe sockets): far
+# more files than the 1,024 a login shell or a bare unit gives it.
+WANT_NOFILE = 65536
+
+log = logging.getLogger("hpclb.cli")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if not args.schema_only:
+        from hpclb.preflight import check_host
+
+        check_host(cfg, str(args.config))
     backends = sum(len(p.backends) for p in cfg.pools.values())
-    print(f"{args.config}: ok ({len(cfg.vips)} VIPs, {len(cfg.pools)} pools, {backends} backends)")
+    what = "schema ok" if args.schema_only else "ok"
+    print(f"{args.config}: {what} ({len(cfg.vips)} VIPs, {len(cfg.pools)} pools, "
+          f"{backends} backends)")
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from hpclb.controller import Controller
+def raise_nofile_limit(want: int = WANT_NOFILE) -> tuple[int, int]:
+    """Raise the open-file limit towards ``want`` (the hard limit too, where
+    the process may); returns the (soft, hard) limits in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want, want
+        except (ValueError, OSError):  # no CAP_SYS_RESOURCE: up to the hard limit
+            pass
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft, hard
 
+
+def _private_run_dir(path: Path) -> None:
+    """The run folder and what is in it: not for every local user to read
+    (status, logs, pid files; the data plane's socket is 0600 on its own)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o750)
+    for f in path.iterdir():
+        if f.is_file() and not f.is_symlink():
+            f.chmod(f.stat().st_mode & 0o640)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hpclb.controller import Controller, StartError
+
+    # Files and folders this process creates: group-readable at most.
+    os.umask(0o027)
+    soft, hard = raise_nofile_limit()
+    if soft < WANT_NOFILE:
+        log.warning("open files limited to %d (hard limit %d): set LimitNOFILE=%d",
+                    soft, hard, WANT_NOFILE)
     controller = Controller(args.config, args.state_dir, args.run_dir, args.keep_dataplane)
+    _private_run_dir(controller.paths.run_dir)
     def request(event: threading.Event) -> None:
         event.set()
         controller.wake.set()
@@ -35,7 +83,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: request(controller.stop_requested))
     try:
-        controller.start()
+        try:
+            controller.start()
+        except StartError as err:
+            print(f"hpclb run: cannot start: {err}", file=sys.stderr)
+            return EXIT_START
         # What start() built (configuration, 10,000 probe targets...) lives as
         # long as the process: out of the collector's way, so a full collection
         # does not pause the probes' loop for 50-180 ms (perf/probe_scale.py).
@@ -87,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("check", help="validate a configuration file")
+    p = sub.add_parser("check", help="validate a configuration file and what it needs of "
+                       "this host (key files, local addresses)")
     p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--schema-only", action="store_true",
+                   help="validate the file only (on another machine than the appliance)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("run", help="run the appliance (control plane + data plane)")

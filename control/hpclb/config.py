@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv4Address
@@ -35,6 +36,8 @@ LB_RING_SIZE_MAX = tables.RING_SIZE_MAX
 LB_HASH_KEY_LEN = tables.HASH_KEY_LEN
 
 Loc = tuple[str | int, ...]
+
+DEFAULT_TELEMETRY_PORT = 5557
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
@@ -179,8 +182,21 @@ class ApplianceConfig(_Strict):
     control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
     xdp: XdpConfig = Field(default_factory=XdpConfig)
     dpdk: DpdkConfig = Field(default_factory=DpdkConfig)
-    # Prometheus exporter, "host:port" (e.g. 127.0.0.1:9108); none when unset.
+    # The appliance's own address for its services (telemetry receiver, metrics
+    # exporter), inside `netns` when that is set. Never a VIP: a service bound
+    # there would be reachable by every client through the VIP.
+    management_address: IPv4Address | None = None
+    # Prometheus exporter, "host:port" (e.g. 10.0.0.5:9108) or ":port" (on the
+    # management address); bound inside `netns`; none when unset.
     metrics: str | None = Field(None, pattern=r"^[^\s:/]*:\d{1,5}$")
+
+    @property
+    def metrics_endpoint(self) -> tuple[str, int] | None:
+        """(address, port) the exporter binds, or None without one."""
+        if self.metrics is None:
+            return None
+        host, _, port = self.metrics.rpartition(":")
+        return (host or str(self.management_address)), int(port)
 
     @model_validator(mode="after")
     def _dpdk_ports(self) -> ApplianceConfig:
@@ -270,12 +286,26 @@ class TelemetryConfig(_Strict):
     """Where the node agents publish (CURVE-authenticated ZeroMQ)."""
 
     # Bound inside appliance.netns when that is set (the receiver thread enters it).
-    bind: str = Field("tcp://0.0.0.0:5557", pattern=r"^tcp://\S+:\d+$")
+    # Default: tcp://<appliance.management_address>:5557. Never a wildcard nor a
+    # VIP: the port must not be reachable from the client network through a VIP.
+    bind: str | None = Field(None, pattern=r"^tcp://\S+:\d+$")
     server_key: Path  # the control plane's secret key file (hpclb-agent keygen --name server)
     allow_dir: Path  # one <backend name>.key per agent: the name is the node the key speaks for
     # A backend whose agent misses this many heartbeats (its announced interval
     # each) is down until the next one arrives.
     missed_heartbeats: int = Field(3, strict=True, ge=1, le=100)
+    # A connection that has not finished its CURVE handshake this long is closed.
+    handshake_timeout_s: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
+    # Connections accepted but not yet authenticated, at most: beyond, the
+    # receiver stops accepting for a moment (the process's files stay free).
+    max_unauthenticated: int = Field(256, strict=True, ge=8, le=10_000)
+    # Messages per second accepted from one agent (burst: twice as many);
+    # the excess is dropped and counted. Agents send every 5 s by default.
+    max_rate_per_agent: float = Field(20.0, gt=0, le=10_000, allow_inf_nan=False)
+
+    def endpoint(self, management: IPv4Address | None) -> str:
+        """The endpoint to bind: ``bind``, else the management address's port 5557."""
+        return self.bind or f"tcp://{management}:{DEFAULT_TELEMETRY_PORT}"
 
 
 class VipConfig(_Strict):
@@ -306,6 +336,41 @@ class HpclbConfig(_Strict):
                 return name
         return None
 
+    def _check_service_addresses(self, add: Callable[[tuple[Loc, str]], None]) -> None:
+        """The telemetry receiver and the metrics exporter bind one address of
+        the appliance's, never a wildcard (which includes every VIP the kernel
+        holds) nor a VIP."""
+        vips = {v.address for v in self.vips}
+        management = self.appliance.management_address
+        if management is not None and management in vips:
+            add((("appliance", "management_address"), f"{management} is a VIP"))
+        services: list[tuple[Loc, str | None, str]] = []
+        if self.telemetry is not None:
+            bind = self.telemetry.bind
+            host = None if bind is None else bind[len("tcp://"):].rpartition(":")[0]
+            services.append((("telemetry", "bind"), host, "telemetry"))
+        if self.appliance.metrics is not None:
+            services.append((("appliance", "metrics"),
+                             self.appliance.metrics.rpartition(":")[0] or None, "metrics"))
+        for loc, host, what in services:
+            if host is None:
+                if management is None:
+                    add((loc, f"no address for the {what} service: give one here or set "
+                              "appliance.management_address"))
+                continue
+            try:
+                addr = IPv4Address(host)
+            except ValueError:
+                add((loc, f"{host!r} is not an IPv4 address (a name could resolve to "
+                          "anything; give the management address itself)"))
+                continue
+            if addr.is_unspecified:
+                add((loc, f"{host} is a wildcard: it reaches every address of the "
+                          "appliance, VIPs included; bind the management address"))
+            elif addr in vips:
+                add((loc, f"{host} is a VIP: clients would reach the {what} service "
+                          "through it; bind the management address"))
+
     @model_validator(mode="after")
     def _cross_check(self) -> HpclbConfig:
         problems: list[tuple[Loc, str]] = []
@@ -335,6 +400,7 @@ class HpclbConfig(_Strict):
                             f"(appliance.interfaces.egress: {', '.join(egress) or 'none'})",
                         )
                     )
+        self._check_service_addresses(add)
         if len(seen_backend) > LB_MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {LB_MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}

@@ -12,19 +12,33 @@ process. Probes and telemetry arrive from their threads (Monitors) as events.
 
 A backend that goes down is pushed at once; weight changes are pushed at
 once too, but at most once per PUSH_INTERVAL_S (a ramp or a burst of
-telemetry is coalesced). A reload (SIGHUP) that fails validation keeps
-everything as it is. A data plane that dies is restarted and gets the full
+telemetry is coalesced). A data plane that dies is restarted and gets the full
 tables again.
+
+Start and reload are transactions. ``_prepare`` acquires and checks
+everything a configuration needs (key files, addresses, the telemetry socket
+bound, the metrics port bound, the data plane's command line rendered, the
+tables computed, the id checkpoint written) without changing anything in
+force; only then does ``start`` adopt or start a data plane, and ``_commit``
+put the configuration in force. A reload that fails anywhere in ``_prepare``
+is refused ("reload refused: <reason>") and changes nothing; a start that
+fails leaves a data plane it adopted forwarding with its tables (only one it
+started itself is stopped).
+
+A local fault is never a backend's: missed heartbeats count only over time
+the appliance could hear (no receiver trouble, no stalled loop), and local
+faults are raised as alarms in the status and the metrics.
 """
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +60,9 @@ from hpclb.dataplane.tables import (
     Vip,
 )
 from hpclb.live_weights import LiveWeights, Member
-from hpclb.monitoring import Monitors
+from hpclb.monitoring import MonitorPlan, Monitors
 from hpclb.neighbours import NeighbourError, resolve_mac
+from hpclb.preflight import check_host
 from hpclb.state import Checkpoint
 
 log = logging.getLogger("hpclb.controller")
@@ -63,6 +78,12 @@ HEALTH_INTERVAL_S = 5.0
 PUSH_INTERVAL_S = 1.0
 # How often the status file (run_dir/NAME.status.json) is rewritten.
 STATUS_INTERVAL_S = 1.0
+# A loop turn this late (the loop waits at most 0.25 s) means the control
+# plane itself was stalled: heartbeats due meanwhile are not held against
+# the agents.
+LOOP_STALL_S = 2.0
+# How long a local fault stays on the status's alarm list after it ended.
+ALARM_HOLD_S = 10.0
 
 # Maglev (NSDI 2016) advises a table at least 100 times the backend count.
 SLOTS_PER_BACKEND_ADVISED = 100
@@ -109,6 +130,26 @@ def pool_ring(members: tuple[Member, ...], ids: dict[str, int], ring_size: int,
         ring_size)
 
 
+class StartError(Exception):
+    """The appliance cannot start with its configuration (the message says why)."""
+
+
+@dataclass
+class Prepared:
+    """Everything a configuration needs, acquired and computed by
+    ``Controller._prepare``, not yet in force."""
+
+    config: HpclbConfig
+    monitors: MonitorPlan
+    live: LiveWeights
+    checkpoint: Checkpoint
+    desired: TableSet
+    members: dict[str, tuple[Member, ...]]
+    exporter: metrics.Exporter | None = None  # a new one, bound
+    close_exporter: bool = False  # the one in force goes
+    notes: list[str] = field(default_factory=list)
+
+
 class Controller:
     def __init__(
         self,
@@ -146,14 +187,18 @@ class Controller:
         self.stop_requested = threading.Event()
         self.wake = threading.Event()  # set by events and signals: the loop turns at once
         self.live = LiveWeights(self.config)
-        self.monitors = Monitors(self.wake)
+        self.monitors = Monitors(self.wake, self.config.appliance.netns)
         self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
         self._pushed_members: dict[str, tuple[Member, ...]] = {}
         self._last_push = 0.0
         self._weights_due = False
         self._last_status = 0.0
         self.status: dict[str, Any] | None = None  # the last snapshot (status file, metrics)
-        self._metrics: Any = None
+        self.exporter: metrics.Exporter | None = None
+        self._touched_dataplane = False  # adopted or started by this process
+        self._started = False  # start() completed
+        self._last_turn = time.monotonic()
+        self._stalled: tuple[float, float] | None = None  # (when noticed, seconds)
 
     # --- desired state -----------------------------------------------------
 
@@ -174,9 +219,10 @@ class Controller:
         return self.macs[addr]
 
     def _ring(self, pool: str, members: tuple[Member, ...], admin: dict[str, AdminState],
-              unreachable: set[str], ring_size: int) -> np.ndarray:
+              unreachable: set[str], ring_size: int,
+              ids: dict[str, int] | None = None) -> np.ndarray:
         """The pool's ring, rebuilt only when its members' weights changed."""
-        ids = self.checkpoint.backends.ids
+        ids = self.checkpoint.backends.ids if ids is None else ids
         key = (ring_size, tuple((ids[m.name], m.name, m.weight, admin[m.name],
                                  m.name in unreachable) for m in members))
         cached = self._rings.get(pool)
@@ -186,22 +232,30 @@ class Controller:
         return cached[1]
 
     def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
+        """The tables of the configuration in force, with the live weights."""
+        tables, self._pushed_members = self._tables(config, self.live, self.checkpoint, resolve)
+        self.checkpoint.save()
+        return tables
+
+    def _tables(self, config: HpclbConfig, live: LiveWeights, checkpoint: Checkpoint,
+                resolve: bool = True) -> tuple[TableSet, dict[str, tuple[Member, ...]]]:
+        """Tables for ``config`` from ``live`` and the ids of ``checkpoint``
+        (updated in memory for new names; the caller saves it)."""
         app = config.appliance
         now = time.time()
         names = {b.name for p in config.pools.values() for b in p.backends}
-        self.checkpoint.backends.retain(names)
-        self.checkpoint.vips.retain({v.name for v in config.vips})
+        checkpoint.backends.retain(names)
+        checkpoint.vips.retain({v.name for v in config.vips})
         egress_port = {name: i + 1 for i, name in enumerate(app.interfaces.egress)}
 
         tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
         unreachable: set[str] = set()
         admin: dict[str, AdminState] = {}
-        members = {name: self.live.members(name, now) for name in config.pools}
-        self._pushed_members = members
+        members = {name: live.members(name, now) for name in config.pools}
         for pool_name, pool in config.pools.items():
             down = {m.name for m in members[pool_name] if m.down}
             for b in pool.backends:
-                bid = self.checkpoint.backends.get(b.name)
+                bid = checkpoint.backends.get(b.name)
                 admin[b.name] = b.state
                 mac = self._mac(b.address, b.mac, resolve)
                 if mac is None:
@@ -215,13 +269,13 @@ class Controller:
                            else _STATE[b.state]),
                     port=egress_port[b.via] if b.via else 0,
                 )
+        ids = checkpoint.backends.ids
         for v in config.vips:
-            vid = self.checkpoint.vips.get(v.name)
+            vid = checkpoint.vips.get(v.name)
             tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
             tables.rings[vid] = self._ring(v.pool, members[v.pool], admin, unreachable,
-                                           app.ring_size)
-        self.checkpoint.save()
-        return tables
+                                           app.ring_size, ids)
+        return tables, members
 
     # --- pushing -------------------------------------------------------------
 
@@ -242,8 +296,82 @@ class Controller:
         log.info("pushed tables: %s", report.summary())
         return True
 
+    # --- configurations, as transactions --------------------------------------
+
+    def _restart_only(self, config: HpclbConfig) -> HpclbConfig:
+        """``config`` with the settings a running data plane cannot change (its
+        command line: data plane, interfaces, socket, ring) kept as in force."""
+        if dataplane_argv(config, self.choice) == self.dataplane.argv:
+            return config
+        log.warning("data plane, interface, socket or ring settings changed: restart "
+                    "hpclb to apply them; applying the rest now")
+        new = config.appliance
+        kept = self.config.appliance.model_copy(update={
+            "hash_key": new.hash_key, "metrics": new.metrics,
+            "management_address": new.management_address})
+        return config.model_copy(update={"appliance": kept})
+
+    def _prepare(self, config: HpclbConfig, live: LiveWeights | None = None) -> Prepared:
+        """Acquire and check everything ``config`` needs; change nothing in
+        force. Raises (ConfigError, StartError, OSError...) after releasing
+        what it acquired."""
+        check_host(config, str(self.config_path))
+        dataplane_argv(config, self.choice)  # renders (and finds the binary)
+        plan = self.monitors.prepare(config)
+        exporter = None
+        try:
+            endpoint = config.appliance.metrics_endpoint
+            address = None if endpoint is None else f"{endpoint[0]}:{endpoint[1]}"
+            current = self.exporter.address if self.exporter else None
+            if address is not None and address != current:
+                try:
+                    exporter = metrics.Exporter(endpoint[0], endpoint[1],  # type: ignore[index]
+                                                lambda: self.status, config.appliance.netns)
+                except OSError as err:
+                    raise StartError(f"appliance.metrics: cannot listen on {address}: "
+                                     f"{err.strerror or err}") from err
+            if live is None:  # a reload: the weights as they would be, on a copy
+                live = copy.deepcopy(self.live)
+                live.reconfigure(config)
+            checkpoint = copy.deepcopy(self.checkpoint)
+            desired, members = self._tables(config, live, checkpoint)
+            # Before anything is pushed: a restart must find every id in use.
+            checkpoint.save()
+        except BaseException:
+            self.monitors.abort(plan)
+            if exporter is not None:
+                exporter.close()
+            raise
+        return Prepared(config, plan, live, checkpoint, desired, members, exporter,
+                        close_exporter=address != current)
+
+    def _commit(self, prepared: Prepared) -> None:
+        """Put a prepared configuration in force and push its tables."""
+        config = prepared.config
+        self.config = config
+        self.live = prepared.live
+        self.checkpoint = prepared.checkpoint
+        warn_small_rings(config)
+        if prepared.close_exporter and self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+        if prepared.exporter is not None:
+            self.exporter = prepared.exporter
+            log.info("metrics: Prometheus exporter on %s", self.exporter.address)
+        self._pushed_members = prepared.members
+        self._push(prepared.desired)
+        self.monitors.commit(prepared.monitors, config)
+
     def start(self) -> None:
-        desired = self.tables_for(self.config)
+        """Acquire everything, then adopt (or start) the data plane and push.
+        StartError/ConfigError before anything was adopted or started."""
+        try:
+            prepared = self._prepare(self.config, self.live)
+        except (ConfigError, StartError):
+            raise
+        except Exception as err:
+            raise StartError(str(err)) from err
+        self._touched_dataplane = True
         adopted = self.dataplane.adopt_or_start()
         hello = self.dataplane.client.hello()
         if adopted and hello.get("ring_size") != self.config.appliance.ring_size:
@@ -257,30 +385,24 @@ class Controller:
             hello.get("dataplane"), hello.get("attach_mode"), hello.get("ring_size"),
         )
         self.current = None  # read back what it holds, adopted or fresh
-        self._push(desired)
-        self.monitors.sync(self.config)
-        if self.config.appliance.metrics:
-            self._metrics = metrics.serve(self.config.appliance.metrics, lambda: self.status)
-            log.info("metrics: Prometheus exporter on %s", self.config.appliance.metrics)
+        self._commit(prepared)
+        self._started = True
+        self._last_turn = time.monotonic()  # a slow start is not a stalled loop
 
     def reload(self) -> bool:
-        """Re-read the configuration file and push what changed."""
+        """Re-read the configuration file; put it in force whole, or refuse it
+        whole ("reload refused: <reason>") and change nothing."""
         try:
-            config = load_config(self.config_path)
-        except ConfigError as err:
-            log.error("reload refused, keeping the running configuration:\n%s", err)
+            config = self._restart_only(load_config(self.config_path))
+            prepared = self._prepare(config)
+        except Exception as err:
+            if not isinstance(err, (ConfigError, StartError, OSError, ValueError)):
+                log.debug("reload preparation failed", exc_info=True)
+            log.error("reload refused, keeping the running configuration: %s", err)
             return False
-        if dataplane_argv(config, self.choice) != self.dataplane.argv:
-            log.warning("data plane, interface, socket or ring settings changed: restart "
-                        "hpclb to apply them; applying the rest now")
-            kept = self.config.appliance.model_copy(update={"hash_key": config.appliance.hash_key})
-            config = config.model_copy(update={"appliance": kept})
-        self.config = config
-        warn_small_rings(config)
         self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
-        self.live.reconfigure(config)
-        self._push(self.tables_for(config))
-        self.monitors.sync(config)
+        self._commit(prepared)
+        log.info("reload applied")
         return True
 
     # --- events --------------------------------------------------------------
@@ -299,7 +421,8 @@ class Controller:
                 _, change = self.live.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
                 urgent |= change is not None
                 self._weights_due = True
-        urgent |= bool(self.live.expire(time.monotonic(), time.time()))
+        now = time.monotonic()
+        urgent |= bool(self.live.expire(now, time.time(), self._heard_since(now)))
         # Ramps (rate limit, slow start) move weights between events too.
         self._weights_due |= any(self.live.trackers) or any(
             self.live.health.up_since(b.name) is not None
@@ -312,11 +435,51 @@ class Controller:
             if urgent or members != self._pushed_members:
                 self._push(self.tables_for(self.config, resolve=False))
 
+    def _heard_since(self, now: float) -> float | None:
+        """Since when the appliance could hear its agents (see BackendHealth.expire):
+        the receiver's own view, and no stall of this loop."""
+        heard = self.monitors.heard_since(now)
+        if heard is None or self._stalled is None:
+            return heard
+        return max(heard, self._stalled[0])
+
+    def _note_turn(self, now: float) -> None:
+        """A turn that comes LOOP_STALL_S late: the loop itself stalled."""
+        gap = now - self._last_turn
+        self._last_turn = now
+        if gap > LOOP_STALL_S:
+            self._stalled = (now, gap)
+            log.warning("control loop stalled %.1fs: heartbeats due meanwhile are not held "
+                        "against the agents", gap)
+
+    def alarms(self, now: float) -> list[dict[str, Any]]:
+        """Local faults in force: the monitors' and this loop's."""
+        out = self.monitors.alarms()
+        if self._stalled is not None and now - self._stalled[0] < ALARM_HOLD_S:
+            out.append({"source": "loop",
+                        "message": f"control loop stalled {self._stalled[1]:.1f}s "
+                                   f"{now - self._stalled[0]:.0f}s ago"})
+        return out
+
+    def _health_report(self, report: dict[str, Any]) -> None:
+        """Add what the probes know (unknown verdicts, damping) to each backend."""
+        verdicts = self.monitors.probe_verdicts()
+        for name, h in report.get("health", {}).items():
+            v = verdicts.get(name, {})
+            h["unknown"] = bool(h.get("beats_unknown") or v.get("unknown"))
+            if v:
+                h["damping"] = {"suppressed": bool(v.get("suppressed")),
+                                "penalty": round(float(v.get("penalty", 0.0)), 1),
+                                "release_at": v.get("release_at")}
+
     def write_status(self) -> None:
         """run_dir/NAME.status.json: health, live weights, telemetry and probe
         counters, for operators (`hpclb status`) and the lab tests."""
+        report = self.live.report(time.time())
+        self._health_report(report)
         status = {"time": time.time(), "dataplane": self.choice.kind.value,
-                  "pushes_pending": self.push_pending, **self.live.report(time.time()),
+                  "pushes_pending": self.push_pending,
+                  "alarms": self.alarms(time.monotonic()), **report,
                   **self.monitors.counters()}
         try:
             status["dataplane_stats"] = self.dataplane.client.stats()
@@ -331,6 +494,8 @@ class Controller:
     def step(self) -> None:
         """One turn of the loop: restart a dead data plane, apply a reload,
         retry a failed push, and look again for backends that did not ARP."""
+        now = time.monotonic()
+        self._note_turn(now)
         if self.dataplane.restart_if_dead():
             self.current = None
             self._push(self.tables_for(self.config))
@@ -363,11 +528,21 @@ class Controller:
             self.wake.clear()
 
     def shutdown(self) -> None:
+        """Stop the monitors and the exporter; stop the data plane unless told
+        to keep it, or unless this process adopted it and never finished its
+        start (a failed start must not take down traffic it did not carry)."""
         self.monitors.stop()
-        if self._metrics is not None:
-            self._metrics[0].shutdown()
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+        if not self._touched_dataplane:
+            return  # never adopted nor started anything: nothing to leave or stop
         if self.keep_dataplane:
             log.info("leaving the data plane running (pid %s)", self.dataplane.pid)
+            self.dataplane.client.close()
+        elif not self._started and self.dataplane.adopted:
+            log.warning("start failed: leaving the adopted data plane (pid %s) forwarding "
+                        "with its tables", self.dataplane.pid)
             self.dataplane.client.close()
         else:
             self.dataplane.stop()

@@ -56,7 +56,8 @@ class LabAppliance:
                  telemetry: dict[str, Any] | None = None,
                  metrics: str | None = None) -> None:
         self.lab = lab
-        self.metrics = metrics  # Prometheus exporter address, "host:port"
+        # Prometheus exporter, "host:port" or ":port" (the appliance's lab address)
+        self.metrics = metrics
         self.weights_mode = weights_mode
         self.policy = policy
         self.probe = probe
@@ -101,6 +102,9 @@ class LabAppliance:
                 "dataplane": self.dataplane,
                 "interfaces": {"ingress": "eth0"},
                 "netns": self.lab.lb_ns,
+                # The services (metrics, and telemetry by default) listen on the
+                # appliance's own lab address, never on a VIP.
+                "management_address": self.lab.ip_of("lb"),
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
                 **({"metrics": self.metrics} if self.metrics else {}),
@@ -126,17 +130,36 @@ class LabAppliance:
 
     # --- lifecycle ------------------------------------------------------------
 
+    def _run_argv(self) -> list[str]:
+        return [sys.executable, "-m", "hpclb.cli", "run", "-c", str(self.config_path),
+                "--state-dir", str(self.workdir / "state"), "--run-dir", str(self.workdir / "run")]
+
     def start(self, timeout_s: float = 30.0) -> None:
         self._write_config()
         before = self.pushes()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hpclb.cli", "run", "-c", str(self.config_path),
-                 "--state-dir", str(self.workdir / "state"),
-                 "--run-dir", str(self.workdir / "run")],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-            )
+            self.proc = subprocess.Popen(self._run_argv(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL)
         self.wait_pushes(before + 1, timeout_s)
+
+    def kill(self) -> None:
+        """kill -9 `hpclb run` (the data plane, in its own session, stays)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def run_to_exit(self, config: dict[str, Any] | None = None,
+                    timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run `hpclb run` with ``config`` (default: the current one) where it
+        is expected to stop by itself (a start that must fail); its output is
+        returned and appended to the log."""
+        self.config_path.write_text(yaml.safe_dump(config or self.config(), sort_keys=False))
+        res = subprocess.run(self._run_argv(), capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=timeout_s)
+        with open(self.log_path, "a") as log:
+            log.write(res.stdout + res.stderr)
+        return res
 
     def pushes(self) -> int:
         """How many table pushes `hpclb run` has logged so far."""
@@ -210,6 +233,27 @@ class LabAppliance:
         self._write_config()
         self.proc.send_signal(signal.SIGHUP)
         self.wait_pushes(before + 1, timeout_s)
+
+    def reload_refused(self, config: dict[str, Any], timeout_s: float = 15.0) -> str:
+        """Write ``config``, SIGHUP `hpclb run`, wait for "reload refused";
+        returns that log line."""
+        assert self.proc is not None
+        before = self.log_text_full().count("reload refused")
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while (text := self.log_text_full()).count("reload refused") <= before:
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"no 'reload refused' within {timeout_s}s:\n"
+                                        f"{self.log_text()}")
+            time.sleep(0.05)
+        return [line for line in text.splitlines() if "reload refused" in line][-1]
+
+    def log_text_full(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except FileNotFoundError:
+            return ""
 
     def set_weight(self, name: str, weight: float) -> None:
         self.weights[name] = weight

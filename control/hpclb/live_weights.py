@@ -14,6 +14,7 @@ them: configuration x probes x heartbeats x telemetry.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from hpclb.backend_health import BackendHealth, Change
@@ -98,8 +99,11 @@ class LiveWeights:
             return False, change
         return tracker.observe(to_node_sample(msg, rtt_ms), now=wall), change
 
-    def expire(self, mono: float, wall: float) -> list[Change]:
-        return [c for c in map(self.apply, self.health.expire(mono, wall)) if c]
+    def expire(self, mono: float, wall: float,
+               heard_since: float | None = -math.inf) -> list[Change]:
+        """Missed heartbeats, counted only over time the appliance could hear
+        (see BackendHealth.expire)."""
+        return [c for c in map(self.apply, self.health.expire(mono, wall, heard_since)) if c]
 
     # --- outputs -------------------------------------------------------------
 
@@ -121,7 +125,8 @@ class LiveWeights:
         health = self.health.snapshot()
         for pool in self.config.pools.values():
             for b in pool.backends:  # never probed nor heard: up as far as we know
-                health.setdefault(b.name, {"up": True, "probe_up": True, "beats_missed": False})
+                health.setdefault(b.name, {"up": True, "probe_up": True, "beats_missed": False,
+                                          "beats_unknown": False})
         return {
             "health": dict(sorted(health.items())),
             "weights": {p: {m.name: m.weight for m in self.members(p, now)}

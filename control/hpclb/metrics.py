@@ -8,12 +8,15 @@ into metric families at each scrape.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from hpclb.netns import inside
 
 Status = Mapping[str, Any]
 
@@ -44,8 +47,37 @@ class StatusCollector(Collector):
             for reason, n in sorted(reasons.items()):
                 rejected.add_metric([pool, reason], float(n))
         yield rejected
+        yield from _local_faults(status)
         yield from _telemetry(status.get("telemetry"))
         yield from _dataplane(status.get("dataplane_stats"))
+
+
+def _local_faults(status: Status) -> Iterator[Metric]:
+    """What the appliance's own side suffers (alarms), and what it decides
+    without the backends' say (damping, unknown verdicts)."""
+    alarm = GaugeMetricFamily("hpclb_alarm", "1 while a local fault holds the verdicts back "
+                              "(probes, telemetry, control loop)", labels=["source"])
+    active = {a.get("source") for a in status.get("alarms", [])}
+    for source in ("probes", "telemetry", "loop"):
+        alarm.add_metric([source], 1.0 if source in active else 0.0)
+    yield alarm
+    damped = GaugeMetricFamily("hpclb_backend_damped",
+                               "1 while flap damping holds the backend out", labels=["backend"])
+    release = GaugeMetricFamily("hpclb_backend_damping_release_timestamp_seconds",
+                                "When damping is expected to release the backend (Unix time)",
+                                labels=["backend"])
+    unknown = GaugeMetricFamily("hpclb_backend_verdict_unknown",
+                                "1 while the backend's last probe or heartbeat could not be "
+                                "judged for a local reason", labels=["backend"])
+    for name, h in sorted(status.get("health", {}).items()):
+        d = h.get("damping") or {}
+        damped.add_metric([name], 1.0 if d.get("suppressed") else 0.0)
+        if d.get("release_at") is not None:
+            release.add_metric([name], float(d["release_at"]))
+        unknown.add_metric([name], 1.0 if h.get("unknown") else 0.0)
+    yield damped
+    yield release
+    yield unknown
 
 
 def _telemetry(t: Mapping[str, Any] | None) -> Iterator[Metric]:
@@ -64,6 +96,22 @@ def _telemetry(t: Mapping[str, Any] | None) -> Iterator[Metric]:
     for reason, n in sorted(t.get("malformed", {}).items()):
         malformed.add_metric([reason], float(n))
     yield malformed
+    limited = CounterMetricFamily("hpclb_telemetry_rate_limited",
+                                  "Messages dropped: the agent sent above its rate limit",
+                                  labels=["node"])
+    for node, n in sorted(t.get("rate_limited", {}).items()):
+        limited.add_metric([node], float(n))
+    yield limited
+    conns = GaugeMetricFamily("hpclb_telemetry_connections",
+                              "Open telemetry connections by state", labels=["state"])
+    for state in ("pending", "authenticated"):
+        if state in t.get("connections", {}):
+            conns.add_metric([state], float(t["connections"][state]))
+    yield conns
+    for name in ("handshake_timeouts", "accept_failures", "listener_pauses"):
+        if name in t.get("connections", {}):
+            yield CounterMetricFamily(f"hpclb_telemetry_{name}", f"Telemetry receiver: {name}",
+                                      value=float(t["connections"][name]))
 
 
 def _dataplane(d: Mapping[str, Any] | None) -> Iterator[Metric]:
@@ -93,9 +141,23 @@ def _dataplane(d: Mapping[str, Any] | None) -> Iterator[Metric]:
     yield ports
 
 
-def serve(address: str, snapshot: Callable[[], Status | None]) -> tuple[object, object]:
-    """Starts the exporter on ``address`` ("host:port"); returns (server, thread)."""
-    host, _, port = address.rpartition(":")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(snapshot))
-    return start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+class Exporter:
+    """The exporter's HTTP server, bound at construction (OSError when the
+    address is taken or not the appliance's): the control plane binds it
+    before it touches a data plane, and closes it when it stops or replaces it."""
+
+    def __init__(self, host: str, port: int, snapshot: Callable[[], Status | None],
+                 netns: str | None = None) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StatusCollector(snapshot))
+        # The listening socket belongs to the namespace it is created in: the
+        # appliance's, where its management address lives (the serving thread
+        # may run anywhere).
+        with inside(netns) if netns else contextlib.nullcontext():
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.address = f"{host}:{port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

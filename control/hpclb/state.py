@@ -53,6 +53,9 @@ class Checkpoint:
     path: Path
     backends: IdTable
     vips: IdTable
+    # What the file holds as far as this process knows: a push that changes no
+    # id touches no file (and works while the process is out of descriptors).
+    _saved: str | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, path: Path, max_backends: int, max_vips: int) -> Checkpoint:
@@ -76,8 +79,11 @@ class Checkpoint:
             "backends": self.backends.ids, "vips": self.vips.ids,
             "retired_backends": self.backends.retired, "retired_vips": self.vips.retired,
         }, indent=1)
+        if payload == self._saved:
+            return
         with contextlib.suppress(OSError):
             if self.path.read_text() == payload:
+                self._saved = payload
                 return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ids.")
@@ -86,3 +92,4 @@ class Checkpoint:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self._saved = payload

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,19 +46,28 @@ def dataplane(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def free_port() -> int:
-    import socket
+METRICS_PORT = 9108
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Fetches a URL; prints the body, or "ERROR <reason>" (run in a lab namespace).
+FETCH = """
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
+        sys.stdout.write(r.read().decode())
+except OSError as err:
+    print("ERROR", err)
+"""
 
 
 @pytest.fixture
 def appliance(lab: Lab, tmp_path: Path, dataplane: str) -> Iterator[LabAppliance]:
     with LabAppliance(lab, tmp_path, WEIGHTS, dataplane=dataplane,
-                      metrics=f"127.0.0.1:{free_port()}") as appliance:
+                      metrics=f":{METRICS_PORT}") as appliance:
         yield appliance
+
+
+def fetch(lab: Lab, ns: str, url: str) -> str:
+    return lab.exec(ns, [sys.executable, "-c", FETCH, url]).stdout
 
 
 def udp_flows(lab: Lab, sports: str) -> dict[str, str]:
@@ -74,18 +84,19 @@ def test_the_configured_data_plane_runs(appliance: LabAppliance, dataplane: str)
 def test_prometheus_metrics_carry_the_data_planes_counters(
         lab: Lab, appliance: LabAppliance) -> None:
     """The exporter (appliance.metrics) serves the data plane's counters and the
-    backends' health and weights, refreshed every second."""
-    import urllib.request
-
+    backends' health and weights, refreshed every second, on the appliance's
+    management address inside its namespace (reached here from the client's
+    network), and never on a VIP."""
     from prometheus_client.parser import text_string_to_metric_families
 
     assert lab.run_client(LAB_VIP, LAB_PORT, connections=50)["failures"] == 0
     deadline = time.monotonic() + 15
+    url = f"http://{lab.ip_of('lb')}:{METRICS_PORT}/metrics"
     while True:
-        with urllib.request.urlopen(f"http://{appliance.metrics}/metrics", timeout=10) as r:
-            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                       for f in text_string_to_metric_families(r.read().decode())
-                       for s in f.samples}
+        text = fetch(lab, "cli", url)
+        assert not text.startswith("ERROR"), text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples}
         fwd = samples.get(("hpclb_dataplane_packets_total", (("counter", "fwd_tx"),)), 0)
         if fwd >= 150 or time.monotonic() > deadline:
             break
@@ -93,6 +104,8 @@ def test_prometheus_metrics_carry_the_data_planes_counters(
     assert fwd >= 150  # SYN, ACK, request... of 50 connections
     assert {samples[("hpclb_backend_up", (("backend", b),))] for b in WEIGHTS} == {1.0}
     assert samples[("hpclb_backend_weight", (("backend", "b3"), ("pool", "lab")))] == 2.0
+    assert fetch(lab, "cli", f"http://{LAB_VIP}:{METRICS_PORT}/metrics").startswith("ERROR")
+    assert fetch(lab, "lb", f"http://127.0.0.1:{METRICS_PORT}/metrics").startswith("ERROR")
 
 
 def test_the_appliance_itself_stays_reachable(lab: Lab, appliance: LabAppliance,

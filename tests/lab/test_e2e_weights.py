@@ -29,16 +29,16 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq.auth
 
 from hpclb.controller import PUSH_INTERVAL_S
 from hpclb.lab import DEFAULT_PASS_OBJ, Lab, cgroup_controllers_missing
 from hpclb.labrun import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
+
+from .conftest import Keys
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
@@ -65,37 +65,6 @@ NEAR_IDLE = 0.75
 DOWN = 2  # lb_backend_state LB_BACKEND_DOWN, as the data plane's dump reports it
 # What a loaded 2-core machine may add to the probe-and-push path of a cut backend.
 SLACK_S = 3.0
-
-
-@dataclass(frozen=True)
-class Keys:
-    dir: Path
-    allow: Path
-
-    def public(self, name: str) -> Path:
-        return self.dir / f"{name}.key"
-
-    def secret(self, name: str) -> Path:
-        return self.dir / f"{name}.key_secret"
-
-    def key_id(self, name: str) -> str:
-        public, _ = zmq.auth.load_certificate(self.public(name))
-        return public.decode()[:8]
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    """CURVE keypairs from `hpclb-agent keygen`: the server's, one per backend
-    (allow-listed) and a rogue one (not)."""
-    base = tmp_path_factory.mktemp("curve")
-    k = Keys(base / "keys", base / "allow")
-    k.allow.mkdir()
-    for name in ("server", *BACKENDS, "rogue"):
-        subprocess.run([sys.executable, "-m", "hpclb.agent.main", "keygen", str(k.dir),
-                        "--name", name], check=True, capture_output=True, timeout=60)
-    for name in BACKENDS:
-        (k.allow / f"{name}.key").write_text(k.public(name).read_text())
-    return k
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,52 @@ def hpclb(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_check_accepts_the_examples() -> None:
     for example in sorted(EXAMPLES.glob("*.yaml")):
-        res = hpclb("check", "-c", str(example))
+        res = hpclb("check", "--schema-only", "-c", str(example))
         assert res.returncode == 0, res.stderr
-        assert "ok" in res.stdout
+        assert "schema ok" in res.stdout
+
+
+HOST_CONFIG = """\
+appliance:
+  name: t
+  interfaces: {ingress: lo}
+  hash_key: 000102030405060708090a0b0c0d0e0f
+  management_address: MGMT
+  metrics: ":19108"
+telemetry:
+  server_key: KEYS/server.key_secret
+  allow_dir: KEYS/agents
+pools:
+  p: {backends: [{name: n1, address: 127.0.0.2}]}
+vips: [{name: v, address: 198.18.1.10, port: 80, pool: p}]
+"""
+
+
+def test_check_names_missing_key_files_and_foreign_addresses(tmp_path: Path) -> None:
+    """`hpclb check` (and so `hpclb run` before it touches anything) checks what
+    the host must give: key files that hold keys, addresses that are this host's."""
+    config = tmp_path / "host.yaml"
+    config.write_text(HOST_CONFIG.replace("KEYS", str(tmp_path / "curve"))
+                      .replace("MGMT", "192.0.2.77"))
+    res = hpclb("check", "-c", str(config))
+    assert res.returncode == 2, res.stdout
+    assert "telemetry.server_key" in res.stderr and "server.key_secret" in res.stderr
+    assert "telemetry.allow_dir" in res.stderr and "does not exist" in res.stderr
+    assert "192.0.2.77 is not an address of this host" in res.stderr
+    assert "appliance.management_address" in res.stderr and "telemetry.bind" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert hpclb("check", "--schema-only", "-c", str(config)).returncode == 0
+
+    keys = tmp_path / "curve"
+    subprocess.run([sys.executable, "-m", "hpclb.agent.main", "keygen", str(keys),
+                    "--name", "server"], check=True, capture_output=True, timeout=60)
+    (keys / "agents").mkdir()
+    config.write_text(HOST_CONFIG.replace("KEYS", str(keys)).replace("MGMT", "127.0.0.1"))
+    res = hpclb("check", "-c", str(config))
+    assert res.returncode == 0, res.stderr
+    (keys / "agents" / "n1.key").write_text("not a certificate\n")
+    res = hpclb("check", "-c", str(config))
+    assert res.returncode == 2 and "n1.key" in res.stderr, res.stderr
 
 
 def test_broken_config_exits_2_naming_file_line_and_field(tmp_path: Path) -> None:

@@ -305,3 +305,50 @@ _trees = st.recursive(
 @given(st.dictionaries(st.sampled_from(["appliance", "pools", "vips", "x"]), _trees))
 def test_fuzz_structured(tree: dict[str, object]) -> None:
     _check(yaml.safe_dump(tree))
+
+
+SERVICES = """\
+appliance:
+  name: t
+  interfaces: {ingress: eth0}
+  hash_key: 000102030405060708090a0b0c0d0e0f
+  APPLIANCE_EXTRA
+telemetry: {server_key: /k/server.key_secret, allow_dir: /k/agents, TELEMETRY_EXTRA}
+pools: {p: {backends: [{name: n1, address: 10.0.0.11}]}}
+vips: [{name: v, address: 10.1.1.10, port: 80, pool: p}]
+"""
+
+
+def services(appliance: str = "", telemetry: str = "") -> str:
+    return (SERVICES.replace("APPLIANCE_EXTRA", appliance or "netns: null")
+            .replace(", TELEMETRY_EXTRA", f", {telemetry}" if telemetry else ""))
+
+
+@pytest.mark.parametrize("appliance, telemetry, message", [
+    ("", "", "telemetry.bind: no address for the telemetry service"),
+    ("", "bind: 'tcp://0.0.0.0:5557'", "0.0.0.0 is a wildcard"),
+    ("", "bind: 'tcp://*:5557'", "is not an IPv4 address"),
+    ("", "bind: 'tcp://10.1.1.10:5557'", "10.1.1.10 is a VIP"),
+    ("management_address: 10.1.1.10", "", "appliance.management_address: 10.1.1.10 is a VIP"),
+    ("{management_address: 10.0.0.5, metrics: '0.0.0.0:9108'}".strip("{}"), "",
+     "appliance.metrics: 0.0.0.0 is a wildcard"),
+])
+def test_services_never_bind_a_wildcard_or_a_vip(appliance: str, telemetry: str,
+                                                 message: str) -> None:
+    """The telemetry receiver and the exporter listen on one address of the
+    appliance's: a wildcard (every VIP the kernel holds) or a VIP would let
+    clients reach them through the VIP."""
+    text = services(appliance.replace(", ", "\n  "), telemetry)
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "s.yaml")
+    assert message in str(err.value)
+
+
+def test_services_default_to_the_management_address() -> None:
+    cfg = parse_config(services("management_address: 10.0.0.5\n  metrics: ':9108'"), "s.yaml")
+    assert cfg.telemetry is not None
+    assert cfg.telemetry.endpoint(cfg.appliance.management_address) == "tcp://10.0.0.5:5557"
+    assert cfg.appliance.metrics_endpoint == ("10.0.0.5", 9108)
+    cfg = parse_config(services("", "bind: 'tcp://10.0.0.6:7000'"), "s.yaml")
+    assert cfg.telemetry is not None
+    assert cfg.telemetry.endpoint(cfg.appliance.management_address) == "tcp://10.0.0.6:7000"

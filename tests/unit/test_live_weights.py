@@ -12,7 +12,8 @@ from hpclb.live_weights import STATIC_RAMP_STEPS, LiveWeights, static_ramp
 from hpclb.telemetry import TelemetryMessage
 
 CONFIG = """\
-appliance: {name: gw, interfaces: {ingress: eth0}, hash_key: 000102030405060708090a0b0c0d0e0f}
+appliance: {name: gw, interfaces: {ingress: eth0}, hash_key: 000102030405060708090a0b0c0d0e0f,
+            management_address: 198.18.0.3}
 telemetry: {server_key: /etc/hpclb/server.key_secret, allow_dir: /etc/hpclb/agents,
             missed_heartbeats: 3}
 pools:
@@ -145,3 +146,21 @@ def test_telemetry_from_a_node_outside_dynamic_pools_is_only_a_heartbeat() -> No
     [change] = live.expire(mono=10.0, wall=110.0)  # 3 x 1 s without the next one
     assert change.backend == "w1" and not change.up
     assert live.members("web", 110.0)[0].down
+
+
+def test_heartbeats_are_only_missed_over_time_the_appliance_could_hear() -> None:
+    """A local fault (stalled loop, paused receiver) makes an overdue agent
+    unknown, not DOWN; once the appliance hears again, the agent has `missed`
+    whole intervals from then before it is taken down."""
+    h = BackendHealth(missed=3)
+    h.heartbeat("b", 1.0, mono=100.0, wall=0.0)
+    assert h.expire(mono=110.0, wall=1.0, heard_since=None) == []  # cannot hear now
+    assert h.snapshot()["b"]["beats_unknown"] and h.is_up("b")
+    assert h.expire(mono=111.0, wall=2.0, heard_since=110.5) == []  # 0.5 s of hearing
+    assert h.snapshot()["b"]["beats_unknown"]
+    [change] = h.expire(mono=113.6, wall=3.0, heard_since=110.5)  # 3.1 s of hearing
+    assert not change.up and not h.snapshot()["b"]["beats_unknown"]
+    assert h.heartbeat("b", 1.0, mono=114.0, wall=4.0) is not None
+    h.expire(mono=118.0, wall=5.0, heard_since=None)
+    h.heartbeat("b", 1.0, mono=118.5, wall=6.0)  # heard again: no longer unknown
+    assert not h.snapshot()["b"]["beats_unknown"] and h.is_up("b")

@@ -12,10 +12,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from hpclb import metrics
 
 STATUS: dict[str, Any] = {
-    "health": {"b1": {"up": True}, "b2": {"up": False}},
+    "health": {"b1": {"up": True},
+               "b2": {"up": False, "unknown": True,
+                      "damping": {"suppressed": True, "penalty": 2600.0,
+                                  "release_at": 1_900_000_000.5}}},
+    "alarms": [{"source": "telemetry", "message": "listener paused", "since": 1.0}],
     "weights": {"web": {"b1": 0.75, "b2": 0.0}},
     "samples_rejected": {"web": {"non_finite": 2, "negative": 0}},
-    "telemetry": {"accepted": 41, "rejected_keys": {"Ab3xY9qz": 3}, "malformed": {"msgpack": 1}},
+    "telemetry": {"accepted": 41, "rejected_keys": {"Ab3xY9qz": 3}, "malformed": {"msgpack": 1},
+                  "rate_limited": {"b1": 7},
+                  "connections": {"pending": 5, "authenticated": 2, "listener_pauses": 1}},
     "dataplane_stats": {
         "counters": {"rx": 100, "fwd_tx": 90, "pass_not_vip": 10},
         "vips": [[0, 90, 5400]],
@@ -41,13 +47,13 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_exporter_serves_the_status_snapshot() -> None:
     port = free_port()
     snapshot: dict[str, Any] | None = None
-    server, _ = metrics.serve(f"127.0.0.1:{port}", lambda: snapshot)
+    exporter = metrics.Exporter("127.0.0.1", port, lambda: snapshot)
     try:
         assert not [k for k in scrape(port) if k[0].startswith("hpclb_")]  # nothing yet
         snapshot = STATUS
         got = scrape(port)
     finally:
-        server.shutdown()  # type: ignore[attr-defined]
+        exporter.close()
     assert got[("hpclb_backend_up", (("backend", "b1"),))] == 1.0
     assert got[("hpclb_backend_up", (("backend", "b2"),))] == 0.0
     assert got[("hpclb_backend_weight", (("backend", "b1"), ("pool", "web")))] == 0.75
@@ -58,3 +64,30 @@ def test_exporter_serves_the_status_snapshot() -> None:
     assert got[("hpclb_backend_bytes_total", (("backend_id", "1"),))] == 1800
     assert got[("hpclb_vip_packets_total", (("vip_id", "0"),))] == 90
     assert got[("hpclb_port_packets_total", (("counter", "rx_packets"), ("port", "0")))] == 100
+    assert got[("hpclb_alarm", (("source", "telemetry"),))] == 1.0
+    assert got[("hpclb_alarm", (("source", "probes"),))] == 0.0
+    assert got[("hpclb_backend_damped", (("backend", "b2"),))] == 1.0
+    assert got[("hpclb_backend_damped", (("backend", "b1"),))] == 0.0
+    assert got[("hpclb_backend_damping_release_timestamp_seconds", (("backend", "b2"),))] \
+        == 1_900_000_000.5
+    assert got[("hpclb_backend_verdict_unknown", (("backend", "b2"),))] == 1.0
+    assert got[("hpclb_telemetry_rate_limited_total", (("node", "b1"),))] == 7
+    assert got[("hpclb_telemetry_connections", (("state", "pending"),))] == 5
+    assert got[("hpclb_telemetry_listener_pauses_total", ())] == 1
+
+
+def test_exporter_refuses_a_taken_port_and_frees_its_own() -> None:
+    """Bound at construction: a taken address is an OSError before anything else
+    starts; close() releases the port for the next exporter."""
+    port = free_port()
+    first = metrics.Exporter("127.0.0.1", port, lambda: None)
+    try:
+        try:
+            metrics.Exporter("127.0.0.1", port, lambda: None)
+        except OSError:
+            pass
+        else:
+            raise AssertionError("a second exporter bound a taken port")
+    finally:
+        first.close()
+    metrics.Exporter("127.0.0.1", port, lambda: None).close()
