@@ -10,6 +10,7 @@ asserted, never speed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import struct
@@ -34,6 +35,7 @@ from hpclb.probes import (
     open_icmp_socket,
 )
 from hpclb.probes import icmp as icmp_mod
+from hpclb.probes import tcp as tcp_mod
 from hpclb.probes.http import build_request, host_header, parse_status
 from hpclb.probes.icmp import checksum, echo_request
 
@@ -301,6 +303,43 @@ def test_icmp_any_bytes_are_counted_once_never_raised(data: bytes, header: bool)
     asyncio.run(main())
 
 
+class RefusingSocket(socket.socket):
+    """A datagram socket whose sendto() fails with ``self.error`` (an errno)."""
+
+    error = errno.ENOBUFS
+
+    def sendto(self, *args: Any) -> int:
+        if self.error == errno.EAGAIN:
+            raise BlockingIOError(self.error, os.strerror(self.error))
+        raise OSError(self.error, os.strerror(self.error))
+
+
+def test_icmp_send_errors_of_our_own_are_unknown_no_route_is_a_failure() -> None:
+    async def main() -> dict[int, Any]:
+        sock = RefusingSocket(socket.AF_INET, socket.SOCK_DGRAM)
+        pinger = IcmpPinger(sock)
+        out = {}
+        for err in (errno.ENOBUFS, errno.EAGAIN, errno.EPERM, errno.EACCES, errno.ENOMEM,
+                    errno.ENETUNREACH, errno.EHOSTUNREACH):
+            sock.error = err
+            out[err] = await pinger.ping("127.0.0.1", 1.0)
+        assert pinger.counters["send_errors"] == 7 and pinger.in_flight == 0
+        pinger.close()
+        assert (await pinger.ping("127.0.0.1", 1.0)).local  # closed: ours
+        return out
+
+    out = asyncio.run(main())
+    for err, cause in ((errno.ENOBUFS, "enobufs"), (errno.EAGAIN, "eagain"),
+                       (errno.EPERM, "eperm"), (errno.EACCES, "eacces"),
+                       (errno.ENOMEM, "enomem")):
+        r = out[err]
+        assert (r.ok, r.local, r.cause) == (False, True, cause), r
+        assert r.reason == f"send: {os.strerror(err)}"
+    for err in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        r = out[err]
+        assert (r.ok, r.local, r.reason) == (False, False, f"send: {os.strerror(err)}")
+
+
 def test_ping_rejects_a_non_ipv4_address() -> None:
     async def main() -> None:
         pinger = IcmpPinger(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
@@ -362,6 +401,36 @@ def test_tcp_syn_dropped_times_out() -> None:
         filler.close()
         lst.close()
     assert result.reason == "timeout" and not result.ok
+
+
+def test_tcp_connect_errors_of_our_own_are_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    returned = [errno.EADDRNOTAVAIL]
+
+    class Fails(socket.socket):
+        def connect_ex(self, address: Any) -> int:
+            return returned[0]
+
+    async def main() -> dict[int, Any]:
+        conn = TcpConnector()
+        monkeypatch.setattr(tcp_mod.socket, "socket", Fails)
+        out = {}
+        for err in (errno.EADDRNOTAVAIL, errno.EPERM, errno.ENOBUFS, errno.ENETUNREACH):
+            returned[0] = err
+            out[err] = await conn.connect("127.0.0.1", 9, WAIT)
+        monkeypatch.undo()
+        assert conn.counters["local"] == 3 and conn.counters["failed"] == 1
+        conn.close()
+        assert (await conn.connect("127.0.0.1", 9, 1.0)).local  # closed: ours
+        return out
+
+    out = asyncio.run(main())
+    for err, cause in ((errno.EADDRNOTAVAIL, "eaddrnotavail"), (errno.EPERM, "eperm"),
+                       (errno.ENOBUFS, "enobufs")):
+        r = out[err]
+        assert (r.ok, r.local, r.cause) == (False, True, cause), r
+        assert r.reason == f"connect: {os.strerror(err)}"
+    assert (out[errno.ENETUNREACH].local, out[errno.ENETUNREACH].reason) == \
+        (False, "network unreachable")
 
 
 def test_tcp_many_targets_and_cancellation() -> None:

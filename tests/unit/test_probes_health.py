@@ -19,13 +19,16 @@ def state(**kw: object) -> HealthState:
     return HealthState(ProbeConfig(**kw))  # type: ignore[arg-type]
 
 
+REASONS = {"o": "ok", "x": "timeout", "u": "socket: Too many open files"}
+
+
 def feed(h: HealthState, results: str, start: float = 0.0, step: float = 1.0
          ) -> list[tuple[int, bool, str]]:
-    """Feed 'o' (ok) / 'x' (fail) results one `step` apart; the transitions, with
-    the index of the result that caused each."""
+    """Feed 'o' (ok) / 'x' (fail) / 'u' (unknown: a local error) results one `step`
+    apart; the transitions, with the index of the result that caused each."""
     out = []
     for i, c in enumerate(results):
-        verdict = h.record(c == "o", "ok" if c == "o" else "timeout", start + i * step)
+        verdict = h.record(c == "o", REASONS[c], start + i * step, local=c == "u")
         if verdict is not None:
             out.append((i, *verdict))
     return out
@@ -128,6 +131,55 @@ def test_rise_fall_against_a_reference(rise: int, fall: int, results: list[bool]
         assert h.up == up
 
 
+# --- unknown results -----------------------------------------------------------------
+
+
+def test_unknown_results_neither_break_nor_extend_a_run() -> None:
+    h = state(rise=2, fall=3, damping=NO_DAMPING)
+    # Unknowns between failures do not reset the run (down at the 3rd failure)...
+    assert feed(h, "xuuxuuux") == [(7, False, "3 consecutive failures (last: timeout)")]
+    # ...nor count as one (fall 3 would be reached at index 2 otherwise), and
+    # between successes they neither reset nor add.
+    assert feed(h, "ouuuuo") == [(5, True, "2 consecutive successes")]
+    assert (h.successes, h.failures) == (2, 0)
+    assert feed(h, "u" * 50) == []
+    assert h.up and (h.successes, h.failures) == (2, 0)
+
+
+@given(rise=st.integers(1, 4), fall=st.integers(1, 4),
+       results=st.text(alphabet="oxu", max_size=60))
+def test_unknown_results_are_as_if_never_recorded(rise: int, fall: int, results: str) -> None:
+    with_unknown = state(rise=rise, fall=fall, damping=NO_DAMPING)
+    without = state(rise=rise, fall=fall, damping=NO_DAMPING)
+    got = [(results[i], up, why) for i, up, why in feed(with_unknown, results)]
+    judged = results.replace("u", "")
+    want = [(judged[i], up, why) for i, up, why in feed(without, judged)]
+    assert got == want
+    assert (with_unknown.up, with_unknown.successes, with_unknown.failures) == \
+        (without.up, without.successes, without.failures)
+
+
+def test_unknown_results_never_charge_nor_release_damping() -> None:
+    h = state(rise=1, fall=1)
+    feed(h, "xox", step=1.0)  # three changes at t 0-2: penalty ~2970, suppressed
+    assert h.damper.suppressed
+    feed(h, "o", start=3.0)  # answers again: held out
+    assert h.held_out and not h.up
+    release = h.damper.release_time()
+    assert release is not None
+    # Long past the release time, unknown results alone release nothing, and
+    # leave the penalty to decay as it would have.
+    assert feed(h, "u" * 20, start=release + 1) == []
+    assert h.held_out and h.damper.release_time() == release
+    assert h.damper.penalty(release + 60) == pytest.approx(800 / 2)
+    # The first judged result after it does.
+    assert feed(h, "o", start=release + 30) == [(0, True,
+                                                 "damping released (penalty below 800)")]
+    # Unknowns on a healthy backend charge nothing either.
+    feed(h, "uuuu", start=release + 31)
+    assert h.damper.penalty(release + 31) == pytest.approx(800 * 2 ** (-31 / 60))
+
+
 def test_initial_down_needs_rise_successes() -> None:
     h = state(initial="down", rise=3, damping=NO_DAMPING)
     assert not h.up
@@ -196,6 +248,20 @@ def test_damping_suppresses_a_flapping_backend_and_releases_it_after_decay() -> 
     assert up and why == "damping released (penalty below 800)"
     assert release_at <= when < release_at + 5  # the first probe after the decay
     assert h.up and not h.damper.suppressed
+
+
+def test_damper_release_time_is_when_the_penalty_crosses_reuse() -> None:
+    d = Damper(DampingConfig(penalty=1000, half_life_s=10, suppress=2500, reuse=800))
+    assert d.release_time() is None
+    for t in (0.0, 1.0, 2.0):
+        d.flap(t)
+    assert d.suppressed
+    release = d.release_time()
+    assert release is not None
+    assert d.penalty(release) == pytest.approx(800)
+    assert release == pytest.approx(2.0 + 10 * math.log2(d.penalty(2.0) / 800))
+    assert not d.release(release - 0.01) and d.release(release + 0.01)
+    assert d.release_time() is None
 
 
 def test_damping_never_delays_a_down() -> None:

@@ -246,5 +246,37 @@ def test_broken_probes_and_handlers_are_counted_not_fatal() -> None:
         assert reasons["raises"].startswith("probe error: RuntimeError")
         assert reasons["async"].startswith("probe error: OSError")
         assert s.probe_errors >= 6 and s.callback_errors >= 3
+        # Our own code broke, not the target: unknown, not a failure.
+        broken = [o.result for o in seen if o.name != "ok"]
+        assert all(r.local and r.cause == "probe_error" for r in broken)
+        assert not any(o.result.local for o in seen if o.name == "ok")
+
+    asyncio.run(main())
+
+
+# --- the loop watch ------------------------------------------------------------------
+
+
+def test_the_scheduler_sees_its_own_loop_stall() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        s = ProbeScheduler(Log())
+        await asyncio.sleep(0.1)
+        t0 = loop.time()
+        time.sleep(0.3)  # nothing runs, no socket is read
+        t1 = loop.time()
+        await asyncio.sleep(0.1)
+        seen = s.stalls.longest(t0 - 0.05, t1 + 0.05)
+        # Measured to within one watch period (0.02 s).
+        assert 0.25 <= seen <= 0.3 + 0.05
+        assert s.stalls.count >= 1
+        # A window that ends before the stall does not see it.
+        assert s.stalls.longest(t0 - 0.1, t0 - 0.05) < 0.05
+        s.close()
+        await asyncio.sleep(0.1)
+        count = s.stalls.count
+        time.sleep(0.1)
+        await asyncio.sleep(0.05)
+        assert s.stalls.count == count  # closed: the watch is off
 
     asyncio.run(main())

@@ -4,6 +4,8 @@
 or HTTP GET on a per-backend schedule (``ProbeScheduler``), turns results into
 up/down with rise/fall and flap damping (``HealthState``), reports transitions
 and keeps each backend's last RTT, the network-latency input of ``weights.py``.
+A probe spoiled on the appliance's own side (out of descriptors, a stalled loop,
+...) ends *unknown* (``ProbeResult.local``): counted and alarmed, never a verdict.
 ``ProbeConfig`` is the per-pool configuration model.
 """
 
@@ -11,16 +13,19 @@ from __future__ import annotations
 
 from hpclb.netns import enter_netns, new_netns
 
-from .checker import BackendStatus, HealthChecker
+from .checker import ALARM_HOLD_S, BackendStatus, HealthChecker
 from .config import DampingConfig, ProbeConfig
 from .health import Damper, HealthState, Transition
 from .http import http_get
 from .icmp import IcmpPinger, open_icmp_socket
-from .result import TIMEOUT, ProbeError, ProbeResult
-from .scheduler import ProbeOutcome, ProbeScheduler, place_phases
+from .result import LOCAL_CAUSES, LOCAL_ERRNOS, TIMEOUT, ProbeError, ProbeResult, local_cause
+from .scheduler import LoopStalls, ProbeOutcome, ProbeScheduler, place_phases, stall_during
 from .tcp import TcpConnector
 
 __all__ = [
+    "ALARM_HOLD_S",
+    "LOCAL_CAUSES",
+    "LOCAL_ERRNOS",
     "TIMEOUT",
     "BackendStatus",
     "Damper",
@@ -28,6 +33,7 @@ __all__ = [
     "HealthChecker",
     "HealthState",
     "IcmpPinger",
+    "LoopStalls",
     "ProbeConfig",
     "ProbeError",
     "ProbeOutcome",
@@ -37,7 +43,9 @@ __all__ = [
     "Transition",
     "enter_netns",
     "http_get",
+    "local_cause",
     "new_netns",
     "open_icmp_socket",
     "place_phases",
+    "stall_during",
 ]

@@ -56,6 +56,18 @@ class Damper:
             return True
         return False
 
+    def release_time(self) -> float | None:
+        """When (on the clock the damper is driven with) the penalty decays below
+        ``reuse`` and the suppression may end; None when not suppressed. The
+        release itself happens with the first result recorded from then on."""
+        if not self.suppressed:
+            return None
+        cfg = self.config
+        if self._penalty <= cfg.reuse:
+            return self._at
+        # penalty(t) = _penalty * 2^-((t - _at) / half_life) = reuse
+        return self._at + cfg.half_life_s * math.log2(self._penalty / cfg.reuse)
+
     def release(self, now: float) -> bool:
         """End a suppression whose penalty decayed below ``reuse``; True if it did."""
         if self.suppressed and self.penalty(now) < self.config.reuse:
@@ -83,6 +95,11 @@ class HealthState:
         self.held = 0  # recoveries held back by damping, for status and metrics
         self.damper = Damper(config.damping)
 
+    @property
+    def held_out(self) -> bool:
+        """Answering (raw up) but reported down: damping holds the recovery back."""
+        return self.raw_up and self.damper.suppressed
+
     def reconfigure(self, config: ProbeConfig) -> None:
         """New thresholds (and probe); the verdict and the damping penalty stay, the
         run counters restart since they counted another probe's results."""
@@ -93,8 +110,15 @@ class HealthState:
             if not config.damping.enabled:
                 self.damper.suppressed = False
 
-    def record(self, ok: bool, reason: str, now: float) -> tuple[bool, str] | None:
-        """Take one probe result; returns (up, why) when the reported state changes."""
+    def record(self, ok: bool, reason: str, now: float, *,
+               local: bool = False) -> tuple[bool, str] | None:
+        """Take one probe result; returns (up, why) when the reported state changes.
+
+        A ``local`` (unknown) result is ignored entirely: it neither breaks nor
+        extends a run, charges no damping penalty and releases no suppression,
+        since it says nothing about the backend."""
+        if local:
+            return None
         cfg = self.config
         why = ""
         changed = False

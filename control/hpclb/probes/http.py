@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from .deadlines import check_timeout
-from .result import TIMEOUT, ProbeResult
+from .result import TIMEOUT, ProbeResult, local_cause
 from .tcp import family_of
 
 #: Longest status line accepted ("HTTP/1.1 200 OK\r\n" plus a generous reason).
@@ -71,6 +71,10 @@ async def http_get(address: str, port: int, timeout: float, *, path: str = "/",
     except ValueError:  # StreamReader: line longer than the limit
         return ProbeResult.failure("http status line too long")
     except OSError as exc:
+        # asyncio creates the socket inside open_connection: EMFILE and friends
+        # come out here too, and are ours, not the server's.
+        if (cause := local_cause(exc.errno)) is not None:
+            return ProbeResult.local_error(f"http: {exc.strerror or exc}", cause)
         return ProbeResult.failure(exc.strerror or type(exc).__name__)
     finally:
         if writer is not None:

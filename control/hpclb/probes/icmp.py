@@ -50,7 +50,7 @@ COUNTERS: tuple[str, ...] = (
     "replies",  # matched echo replies
     "timeouts",  # probes that got no answer in time
     "errors",  # probes answered by ICMP unreachable / time exceeded
-    "send_errors",  # sendto() refused (no route, buffer full, ...)
+    "send_errors",  # sendto() refused (no route: a failure; buffer full, ...: unknown)
     "malformed",  # too short, not IPv4, not ICMP, bad header length
     "foreign",  # echo replies with another pinger's identifier
     "unexpected",  # ours in form, but no live probe matches (late, wrong token or source)
@@ -161,11 +161,11 @@ class IcmpPinger:
         check_timeout(timeout)
         fut: asyncio.Future[ProbeResult] = self._loop.create_future()
         if self._closed:
-            fut.set_result(ProbeResult.failure("pinger closed"))
+            fut.set_result(ProbeResult.local_error("pinger closed", "closed"))
             return fut
         seq = self._next_seq()
-        if seq is None:
-            fut.set_result(ProbeResult.failure("icmp sequence space full"))
+        if seq is None:  # 65536 probes in flight on our socket: our limit, not theirs
+            fut.set_result(ProbeResult.local_error("icmp sequence space full"))
             return fut
         self._probe_no = (self._probe_no + 1) & 0xFFFFFFFF
         token = _TOKEN.pack(self._secret, self._probe_no)
@@ -174,10 +174,11 @@ class IcmpPinger:
         try:
             self._sock.sendto(packet, (address, 0))
         except OSError as exc:
-            # Includes BlockingIOError (send buffer full): counted as a failed
-            # probe rather than queued, so a stalled socket cannot grow a backlog.
+            # Never queued, so a stalled socket cannot grow a backlog. A full send
+            # buffer (EAGAIN), ENOBUFS, our own firewall (EPERM) say nothing about
+            # the target: unknown; no route to it is the target's failure.
             self.counters["send_errors"] += 1
-            fut.set_result(ProbeResult.failure(f"send: {exc.strerror or exc}"))
+            fut.set_result(ProbeResult.os_error("send", exc))
             return fut
         self.counters["sent"] += 1
         self._pending[seq] = _Pending(fut, dst, token, sent_ns, self._probe_no)
@@ -291,14 +292,15 @@ class IcmpPinger:
         return len(self._pending)
 
     def close(self) -> None:
-        """Stop: pending probes fail with "pinger closed", the socket is closed."""
+        """Stop: pending probes end unknown ("pinger closed"), the socket is closed."""
         if self._closed:
             return
         self._closed = True
         self._loop.remove_reader(self._sock.fileno())
         self._deadlines.close()
+        closed = ProbeResult.local_error("pinger closed", "closed")
         for entry in self._pending.values():
             if not entry.future.done():
-                entry.future.set_result(ProbeResult.failure("pinger closed"))
+                entry.future.set_result(closed)
         self._pending.clear()
         self._sock.close()

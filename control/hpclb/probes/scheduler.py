@@ -21,6 +21,12 @@ the probes themselves.
 One probe per target is in flight at a time. A probe still unanswered when its
 target is due again counts as a timeout (its timeout is at most the interval, so
 it had its chance) and is cancelled; results therefore arrive in order.
+
+The scheduler also watches its own loop (:class:`LoopStalls`): a probe that timed
+out while the loop was not looking (the process starved, a long callback, the
+GIL held by another thread) says nothing about its target, and
+:func:`stall_during` tells the checker how long the loop was blind while a probe
+was owed attention.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import bisect
 import heapq
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +57,62 @@ class ProbeOutcome:
     scheduled: float  # when it was due
     started: float  # when it was launched (>= scheduled)
     finished: float  # when its result was taken
+
+
+#: How often the loop's punctuality is sampled. A stall is measured to within
+#: this much (the sample sees how late it ran, not when the stall began), which
+#: is small next to the shortest sensible probe timeout; 50 trivial callbacks a
+#: second cost nothing next to the probes.
+WATCH_PERIOD_S = 0.02
+#: Lateness below this is ordinary jitter and not remembered (it is far below
+#: half of any timeout that makes sense on a 0.1 s interval).
+STALL_MIN_S = 0.01
+#: Stalls remembered. Even a loop late at every sample keeps the last 20 s, longer
+#: than the default 2 s timeout; an older stall that reached a probe's deadline
+#: still shows as that probe's late result (see stall_during).
+STALL_MEMORY = 1024
+
+
+class LoopStalls:
+    """Stretches of loop time during which the loop ran none of its callbacks
+    (so read no socket either), oldest first."""
+
+    __slots__ = ("_stalls", "count")
+
+    def __init__(self, memory: int = STALL_MEMORY) -> None:
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=memory)
+        #: Stalls recorded in all (the deque keeps the latest only).
+        self.count = 0
+
+    def record(self, start: float, end: float) -> None:
+        """The loop did nothing from ``start`` to ``end`` (call in time order)."""
+        if end - start >= STALL_MIN_S:
+            self._stalls.append((start, end))
+            self.count += 1
+
+    def longest(self, t0: float, t1: float) -> float:
+        """The longest part of one stall that lies within ``[t0, t1]``."""
+        longest = 0.0
+        for start, end in reversed(self._stalls):  # newest first: usually few to look at
+            if end < t0:
+                break
+            longest = max(longest, min(end, t1) - max(start, t0))
+        return longest
+
+
+def stall_during(outcome: ProbeOutcome, timeout: float, stalls: LoopStalls) -> float:
+    """The longest time the loop was not looking while ``outcome``'s probe was owed
+    attention, from its slot to its result.
+
+    Three witnesses, each a stretch of blindness: the launch (how late after its
+    slot the probe went out), the result (how long after the probe's own deadline
+    it was taken: a built-in probe resolves itself at its deadline, so a result
+    later than that was waiting for the loop, or for a bug of ours) and the
+    loop-watch samples between the two.
+    """
+    launch = outcome.started - outcome.scheduled
+    verdict = outcome.finished - (outcome.started + timeout)
+    return max(launch, verdict, stalls.longest(outcome.scheduled, outcome.finished))
 
 
 def place_phases(existing: Sequence[float], period: float, count: int) -> list[float]:
@@ -175,6 +238,10 @@ class ProbeScheduler:
         self.probe_errors = 0
         #: on_outcome calls that raised.
         self.callback_errors = 0
+        #: When the loop was not looking (see stall_during).
+        self.stalls = LoopStalls()
+        self._watch_due = self._loop.time() + WATCH_PERIOD_S
+        self._watch = self._loop.call_at(self._watch_due, self._sample)
 
     # -- targets --
 
@@ -222,6 +289,7 @@ class ProbeScheduler:
 
     def close(self) -> None:
         self._closed = True
+        self._watch.cancel()
         if self._placing is not None:
             self._placing.cancel()
         for group in self._groups.values():
@@ -295,6 +363,16 @@ class ProbeScheduler:
 
     # -- running --
 
+    def _sample(self) -> None:
+        # A timer that ran late by L shows that the loop ran nothing, so read no
+        # socket, for at least the L before now.
+        now = self._loop.time()
+        self.stalls.record(self._watch_due, now)
+        # The next sample one period from the due time, or from now when more than
+        # a period late: never a burst of samples to catch up.
+        self._watch_due = max(self._watch_due + WATCH_PERIOD_S, now)
+        self._watch = self._loop.call_at(self._watch_due, self._sample)
+
     def _tick(self, group: _Group) -> None:
         group.handle = None
         now = self._loop.time()
@@ -345,7 +423,9 @@ class ProbeScheduler:
         except Exception as exc:  # a bug in a probe must not stop the others
             self.probe_errors += 1
             log.exception("probe of %s failed to start", entry.name)
-            self._report(entry, ProbeResult.failure(f"probe error: {exc!r}"), now)
+            # Our code broke, not the target: unknown.
+            self._report(entry, ProbeResult.local_error(f"probe error: {exc!r}",
+                                                        "probe_error"), now)
             return
         entry.inflight = fut
         assert entry.done_cb is not None
@@ -356,11 +436,12 @@ class ProbeScheduler:
             return
         entry.inflight = None
         if fut.cancelled():
-            result = TIMEOUT  # cancelled by someone else (loop shutdown)
+            # Cancelled by someone else (loop shutdown): nothing learnt about the target.
+            result = ProbeResult.local_error("probe cancelled", "closed")
         elif (exc := fut.exception()) is not None:
             self.probe_errors += 1
             log.error("probe of %s raised %r", entry.name, exc)
-            result = ProbeResult.failure(f"probe error: {exc!r}")
+            result = ProbeResult.local_error(f"probe error: {exc!r}", "probe_error")
         else:
             result = fut.result()
         self._report(entry, result, self._loop.time())

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 
 from .deadlines import Deadlines, check_timeout
-from .result import TIMEOUT, ProbeResult
+from .result import TIMEOUT, ProbeResult, local_cause
 
 _LINGER_RST = struct.pack("ii", 1, 0)
 _EVENTS = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
@@ -37,12 +37,23 @@ _REASONS = {
     errno.ECONNRESET: "reset",
 }
 
-#: Every counter a TcpConnector keeps.
-COUNTERS: tuple[str, ...] = ("connects", "ok", "failed", "timeouts", "socket_errors")
+#: Every counter a TcpConnector keeps ("local": probes that ended unknown, for a
+#: reason of ours; "socket_errors": those of them that could not get a socket).
+COUNTERS: tuple[str, ...] = ("connects", "ok", "failed", "timeouts", "local",
+                             "socket_errors")
 
 
 def _reason(err: int) -> str:
     return _REASONS.get(err) or os.strerror(err)
+
+
+def _result_of(err: int) -> ProbeResult:
+    """A failed connect's result: unknown when the errno is about us (no local
+    port, no buffers, our own firewall's EPERM), else the target's failure."""
+    cause = local_cause(err)
+    if cause is not None:
+        return ProbeResult.local_error(f"connect: {os.strerror(err)}", cause)
+    return ProbeResult.failure(_reason(err))
 
 
 def family_of(address: str) -> socket.AddressFamily:
@@ -92,13 +103,14 @@ class TcpConnector:
         check_timeout(timeout)
         fut: asyncio.Future[ProbeResult] = self._loop.create_future()
         if self._closed:
-            fut.set_result(ProbeResult.failure("connector closed"))
+            fut.set_result(ProbeResult.local_error("connector closed", "closed"))
             return fut
         try:
             sock = socket.socket(family or family_of(address), socket.SOCK_STREAM)
-        except OSError as exc:  # out of file descriptors, typically
+        except OSError as exc:  # out of file descriptors, typically: ours, never theirs
             self.counters["socket_errors"] += 1
-            fut.set_result(ProbeResult.failure(f"socket: {exc.strerror or exc}"))
+            self.counters["local"] += 1
+            fut.set_result(ProbeResult.os_error("socket", exc, ours=True))
             return fut
         sock.setblocking(False)
         self._serial += 1
@@ -107,13 +119,17 @@ class TcpConnector:
         err = sock.connect_ex((address, port))
         if err == errno.EINPROGRESS:
             fd = sock.fileno()
-            self._epoll.register(fd, _EVENTS)
+            try:
+                self._epoll.register(fd, _EVENTS)
+            except OSError as exc:  # ENOMEM, ENOSPC (max_user_watches): ours
+                self._finish(conn, ProbeResult.os_error("epoll", exc, ours=True))
+                return fut
             self._conns[fd] = conn
             self._deadlines.add(timeout, fd, conn.serial)
         elif err == 0:
             self._finish(conn, ProbeResult.success(time.monotonic_ns() - conn.start_ns))
         else:
-            self._finish(conn, ProbeResult.failure(_reason(err)))
+            self._finish(conn, _result_of(err))
         return fut
 
     def _on_ready(self) -> None:
@@ -128,7 +144,7 @@ class TcpConnector:
                 continue
             err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             self._finish(conn, ProbeResult.success(now_ns - conn.start_ns) if err == 0
-                         else ProbeResult.failure(_reason(err)))
+                         else _result_of(err))
 
     def _expire(self, fd: int, serial: int) -> None:
         conn = self._conns.get(fd)
@@ -145,6 +161,8 @@ class TcpConnector:
         sock.close()  # also takes it out of the epoll set
         if result.ok:
             self.counters["ok"] += 1
+        elif result.local:
+            self.counters["local"] += 1
         elif result is TIMEOUT:
             self.counters["timeouts"] += 1
         else:
@@ -157,15 +175,16 @@ class TcpConnector:
         return len(self._conns)
 
     def close(self) -> None:
-        """Stop: connects in flight fail with "connector closed"."""
+        """Stop: connects in flight end unknown ("connector closed")."""
         if self._closed:
             return
         self._closed = True
         self._loop.remove_reader(self._epoll.fileno())
         self._deadlines.close()
+        closed = ProbeResult.local_error("connector closed", "closed")
         for conn in self._conns.values():
             conn.sock.close()
             if not conn.future.done():
-                conn.future.set_result(ProbeResult.failure("connector closed"))
+                conn.future.set_result(closed)
         self._conns.clear()
         self._epoll.close()
