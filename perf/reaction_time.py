@@ -323,10 +323,10 @@ class BenchController(Controller):
         logging.getLogger(controller_mod.__name__).removeHandler(self.catcher)
 
     def _ring(self, pool: str, members: Any, admin: Any, unreachable: Any,
-              ring_size: int) -> np.ndarray:
+              ring_size: int, ids: Any = None) -> np.ndarray:
         before = self._rings.get(pool)
         t0 = time.monotonic()
-        ring = super()._ring(pool, members, admin, unreachable, ring_size)
+        ring = super()._ring(pool, members, admin, unreachable, ring_size, ids)
         dt = time.monotonic() - t0
         if self._rings.get(pool) is not before:
             self._tables["ring_build_s"] = self._tables.get("ring_build_s", 0.0) + dt

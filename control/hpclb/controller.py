@@ -233,11 +233,12 @@ class Controller:
 
     def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
         """The tables of the configuration in force, with the live weights."""
-        tables, self._pushed_members = self._tables(config, self.live, self.checkpoint, resolve)
+        tables, self._pushed_members = self._build_tables(config, self.live, self.checkpoint,
+                                                          resolve)
         self.checkpoint.save()
         return tables
 
-    def _tables(self, config: HpclbConfig, live: LiveWeights, checkpoint: Checkpoint,
+    def _build_tables(self, config: HpclbConfig, live: LiveWeights, checkpoint: Checkpoint,
                 resolve: bool = True) -> tuple[TableSet, dict[str, tuple[Member, ...]]]:
         """Tables for ``config`` from ``live`` and the ids of ``checkpoint``
         (updated in memory for new names; the caller saves it)."""
@@ -334,7 +335,7 @@ class Controller:
                 live = copy.deepcopy(self.live)
                 live.reconfigure(config)
             checkpoint = copy.deepcopy(self.checkpoint)
-            desired, members = self._tables(config, live, checkpoint)
+            desired, members = self._build_tables(config, live, checkpoint)
             # Before anything is pushed: a restart must find every id in use.
             checkpoint.save()
         except BaseException:

@@ -421,12 +421,12 @@ def test_a_backend_held_out_by_damping_is_logged_shown_and_exported(
                                ".read().decode())",
                                f"http://{lab.ip_of('lb')}:{METRICS_PORT}/metrics"]).stdout
         damping = status["health"]["b2"]["damping"]
-        held = [line for line in app.log_text_full().splitlines() if "flap damping" in line
-                and "b2" in line]
+        held = [line for line in app.log_text_full().splitlines()
+                if "backend b2" in line and "flap damping holds it out" in line]
         print(f"\nb2 damping {json.dumps(damping)}; log: {held}")
         assert not status["health"]["b2"]["up"]
         assert damping["release_at"] is not None and damping["release_at"] > time.time()
         assert damping["penalty"] >= 800
-        assert len([line for line in held if "held out" in line]) == 1, held
+        assert len(held) == 1 and "release expected at" in held[0], held
         assert 'hpclb_backend_damped{backend="b2"} 1.0' in text
         assert "hpclb_backend_damping_release_timestamp_seconds" in text
