@@ -72,8 +72,10 @@ def host_problems(config: HpclbConfig) -> list[str]:
     t = config.telemetry
     if t is not None:
         try:
+            if not t.server_key.is_file():
+                raise AllowListError(f"{t.server_key} does not exist")
             load_server_key(t.server_key)
-        except AllowListError as err:
+        except (AllowListError, OSError) as err:
             problems.append(f"telemetry.server_key: {err}")
         try:
             load_allow_list(t.allow_dir)

@@ -25,6 +25,7 @@ that concerns the data path runs on both data planes.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -256,7 +257,7 @@ def test_a_failed_start_after_adoption_leaves_the_data_plane_forwarding(
     assert "cannot start" in res.stderr and f":{METRICS_PORT}" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
 
-    config = appliance.config()
+    config = copy.deepcopy(appliance.config())
     config["telemetry"]["server_key"] = str(keys.dir / "absent.key_secret")
     res = appliance.run_to_exit(config)
     assert res.returncode == 2, res.stderr
@@ -289,13 +290,13 @@ def test_a_failed_reload_changes_nothing_and_says_why(
     with make_appliance(lab, keys, tmp_path, "xdp") as app:
         ring = ring_of(app)
         pushes = app.pushes()
-        config = app.config()
+        config = copy.deepcopy(app.config())
         config["pools"]["lab"]["backends"][2]["weight"] = 5.0
         config["telemetry"]["server_key"] = str(keys.dir / "absent.key_secret")
         line = app.reload_refused(config)
         assert "absent.key_secret" in line, line
 
-        config = app.config()
+        config = copy.deepcopy(app.config())
         config["pools"]["lab"]["backends"][2]["weight"] = 5.0
         config["appliance"]["metrics"] = f":{METRICS_PORT + 1}"
         taken = hold_port(lab, lab.ip_of("lb"), METRICS_PORT + 1)
