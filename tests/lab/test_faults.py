@@ -311,6 +311,11 @@ def test_a_failed_reload_changes_nothing_and_says_why(
         assert "Traceback" not in app.log_text_full()
         assert status["weights"]["lab"]["b3"] == 1.0
 
+        # Least privilege: the run folder is not for every local user.
+        run_dir = tmp_path / "run"
+        assert run_dir.stat().st_mode & 0o777 == 0o750
+        assert app.status_path.stat().st_mode & 0o777 == 0o640
+
         app.set_weight("b3", 5.0)  # the same change, with nothing missing
         assert ring_of(app) != ring
         assert app.status()["weights"]["lab"]["b3"] == 5.0 or app.wait_status(
