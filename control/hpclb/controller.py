@@ -120,6 +120,13 @@ def warn_small_rings(config: HpclbConfig) -> None:
                 SLOTS_PER_BACKEND_ADVISED)
 
 
+def warn_empty_pools(config: HpclbConfig) -> None:
+    """Once per configuration read: VIPs whose pool has no backend (they drop
+    everything; valid, as a pool may await its nodes)."""
+    for warning in config.empty_pool_warnings():
+        log.warning("%s", warning)
+
+
 def pool_ring(members: tuple[Member, ...], ids: dict[str, int], ring_size: int,
               admin: dict[str, AdminState], unreachable: set[str]) -> np.ndarray:
     """Maglev ring of a pool: live weight, 0 for backends not up."""
@@ -161,6 +168,7 @@ class Controller:
         self.config_path = config_path
         self.config = load_config(config_path)
         warn_small_rings(self.config)
+        warn_empty_pools(self.config)
         self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
         self.keep_dataplane = keep_dataplane
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
@@ -169,6 +177,8 @@ class Controller:
         self.choice = choose_dataplane(self.config)
         log.info("data plane: %s (%s)", self.choice.kind.value, self.choice.reason)
         host = DpdkHost(self.config, self.paths.run_dir) if self.choice.kind == "dpdk" else None
+        self.dpdk_host = host
+        self.wake = threading.Event()  # set by events and signals: the loop turns at once
         self.dataplane = DataplaneProcess(
             argv=dataplane_argv(self.config, self.choice),
             endpoint=self.config.appliance.control_socket,
@@ -177,6 +187,10 @@ class Controller:
             before_start=host.before_start if host else None,
             after_ready=host.after_ready if host else None,
             after_stop=host.after_stop if host else None,
+            while_starting=host.while_starting if host else None,
+            # A data plane that dies wakes the loop at once: the restart
+            # window is what the EAL takes, not a poll interval.
+            on_exit=self.wake.set,
         )
         self.unresolved: set[ipaddress.IPv4Address] = set()
         self.desired: TableSet | None = None
@@ -185,7 +199,6 @@ class Controller:
         self._last_health = time.monotonic()
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
-        self.wake = threading.Event()  # set by events and signals: the loop turns at once
         self.live = LiveWeights(self.config)
         self.monitors = Monitors(self.wake, self.config.appliance.netns)
         self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
@@ -353,6 +366,7 @@ class Controller:
         self.live = prepared.live
         self.checkpoint = prepared.checkpoint
         warn_small_rings(config)
+        warn_empty_pools(config)
         if prepared.close_exporter and self.exporter is not None:
             self.exporter.close()
             self.exporter = None
@@ -403,6 +417,8 @@ class Controller:
             return False
         self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
         self._commit(prepared)
+        if self.dpdk_host is not None:  # VIPs added or removed: the kernel holds none
+            self.dpdk_host.sync_vips(self.config)
         log.info("reload applied")
         return True
 

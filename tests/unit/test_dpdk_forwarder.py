@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -185,15 +186,123 @@ def test_addresses_move_to_the_tap_and_back(netns: str, tmp_path: Path) -> None:
     assert "dev d0" in sh("ip", "-n", netns, "route", "show", "198.19.0.0/16")
 
 
+# From the client namespace: one UDP datagram and one TCP connect to VIP:9
+# (nothing listens there); prints what came back.
+PROBE_VIP = r"""
+import socket, sys
+vip = sys.argv[1]
+res = []
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(0.4)
+u.connect((vip, 9))
+try:
+    u.send(b"x")
+    u.recv(16)
+    res.append("udp-answer")
+except ConnectionRefusedError:
+    res.append("udp-icmp")
+except socket.timeout:
+    try:
+        u.send(b"x")  # a late ICMP error is reported on the next call
+        res.append("udp-silent")
+    except ConnectionRefusedError:
+        res.append("udp-icmp")
+t = socket.socket()
+t.settimeout(0.4)
+try:
+    t.connect((vip, 9))
+    res.append("tcp-open")
+except ConnectionRefusedError:
+    res.append("tcp-rst")
+except OSError:
+    res.append("tcp-silent")
+print(" ".join(res))
+"""
+
+
+@pytest.fixture
+def two_namespaces() -> Iterator[tuple[str, str]]:
+    """An appliance namespace (198.18.7.2 on d0, the VIPs 198.18.1.10 and .11
+    on lo, as the lab's appliance holds them) and a client namespace routing
+    198.18.1.0/24 through it."""
+    app, cli = (f"hlbv-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for name in (app, cli):
+        sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", app, "link", "add", "d0", "type", "veth", "peer", "name", "d1",
+           "netns", cli)
+        for ns, dev, addr in ((app, "d0", "198.18.7.2/24"), (cli, "d1", "198.18.7.1/24")):
+            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+        sh("ip", "-n", app, "link", "set", "lo", "up")
+        for vip in ("198.18.1.10", "198.18.1.11"):
+            sh("ip", "-n", app, "addr", "add", f"{vip}/32", "dev", "lo")
+        sh("ip", "-n", cli, "route", "add", "198.18.1.0/24", "via", "198.18.7.2")
+        yield app, cli
+    finally:
+        for name in (app, cli):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def test_the_kernel_gives_up_the_vips_silently_and_gets_them_back(
+        two_namespaces: tuple[str, str], tmp_path: Path) -> None:
+    """claim_vips: the VIPs' addresses off lo and a blackhole route each, so the
+    kernel drops VIP traffic without ICMP or RST, ip_forward on or off; a VIP
+    that leaves the configuration gets its address back; give_back restores
+    everything."""
+    app, cli = two_namespaces
+
+    def probe(vip: str) -> str:
+        return sh("ip", "netns", "exec", cli, sys.executable, "-c", PROBE_VIP, vip).strip()
+
+    def lo() -> str:
+        return sh("ip", "-n", app, "-4", "-o", "addr", "show", "dev", "lo")
+
+    def blackholes() -> str:
+        return sh("ip", "-n", app, "route", "show", "type", "blackhole")
+
+    assert probe("198.18.1.10") == "udp-icmp tcp-rst"  # the kernel holds the VIP
+    record = tmp_path / "gw.vips.addresses.json"
+    done = exception_path.claim_vips(["198.18.1.10", "198.18.1.11"], record, app)
+    assert sorted(done["taken"]) == ["198.18.1.10@lo", "198.18.1.11@lo"]
+    assert "198.18.1." not in lo()
+    assert "198.18.1.10" in blackholes() and "198.18.1.11" in blackholes()
+    for forwarding in ("0", "1"):
+        sh("ip", "netns", "exec", app, "sysctl", "-qw", f"net.ipv4.ip_forward={forwarding}")
+        assert probe("198.18.1.10") == "udp-silent tcp-silent", forwarding
+    # Idempotent: nothing more to do.
+    assert exception_path.claim_vips(["198.18.1.11", "198.18.1.10"], record, app) == {
+        "taken": [], "blackholed": [], "released": []}
+    # A reload drops .10: its address comes back, its blackhole goes.
+    done = exception_path.claim_vips(["198.18.1.11"], record, app)
+    assert done["released"] == ["198.18.1.10"]
+    assert "198.18.1.10/32" in lo() and "198.18.1.10" not in blackholes()
+    assert "198.18.1.11/32" not in lo() and "198.18.1.11" in blackholes()
+    assert json.loads(record.read_text())["addresses"] == [
+        {"iface": "lo", "address": "198.18.1.11", "prefixlen": 32}]
+    # A VIP that is the appliance's own subnet address is left alone.
+    done = exception_path.claim_vips(["198.18.1.11", "198.18.7.2"], record, app)
+    assert done == {"taken": [], "blackholed": [], "released": []}
+    assert "198.18.7.2/24" in sh("ip", "-n", app, "-4", "-o", "addr", "show", "dev", "d0")
+    # The forwarder stops for good: all back, no blackhole, no record.
+    exception_path.give_back(record, app)
+    assert not record.exists()
+    assert "198.18.1.10/32" in lo() and "198.18.1.11/32" in lo()
+    assert blackholes().strip() == ""
+    assert probe("198.18.1.11") == "udp-icmp tcp-rst"
+
+
 def test_a_stale_af_xdp_program_is_detached(netns: str) -> None:
+    """Generic (d0) or native (d1, as a killed AF_XDP port leaves it on a veth)."""
     obj = Path(__file__).resolve().parents[2] / "dataplane/build/pass.bpf.o"
-    sh("ip", "-n", netns, "link", "set", "dev", "d0", "xdpgeneric", "obj", str(obj), "sec", "xdp")
-    assert "xdp" in sh("ip", "-n", netns, "link", "show", "dev", "d0")
-    exception_path.detach_xdp("d0", netns)
-    deadline = time.monotonic() + 5
-    while "prog/xdp" in sh("ip", "-n", netns, "link", "show", "dev", "d0"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    for dev, mode in (("d0", "xdpgeneric"), ("d1", "xdpdrv")):
+        sh("ip", "-n", netns, "link", "set", "dev", dev, mode, "obj", str(obj), "sec", "xdp")
+        assert "prog/xdp" in sh("ip", "-n", netns, "link", "show", "dev", dev)
+        exception_path.detach_xdp(dev, netns)
+        deadline = time.monotonic() + 5
+        while "prog/xdp" in sh("ip", "-n", netns, "link", "show", "dev", dev):
+            assert time.monotonic() < deadline, dev
+            time.sleep(0.05)
 
 
 def test_sigterm_stops_workers_and_exits_0(netns: str, tmp_path: Path) -> None:

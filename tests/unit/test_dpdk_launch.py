@@ -4,6 +4,8 @@ rendered from templates/dpdk_eal.args.j2."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hpclb.config import ConfigError, Dataplane, parse_config
@@ -175,3 +177,98 @@ def test_dpdk_launch_follows_the_configuration() -> None:
     assert "net_af_packet0,iface=eth0,qpairs=2" in argv and "net_tap1,iface=exc1" in argv
     xdp = dataplane_argv(cfg, Choice(Dataplane.XDP, "configured"))
     assert xdp[0].endswith("hpclb-xdp") and ["--egress", "eth1"] == xdp[-4:-2]
+
+
+# --- the host's hooks around a start ---------------------------------------------
+
+
+class FakeNetlink:
+    closed = 0
+
+    def close(self) -> None:
+        FakeNetlink.closed += 1
+
+
+@pytest.fixture
+def host_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """DpdkHost's netlink work, recorded instead of done; the TAP exc0 shows
+    up on the third look."""
+    from hpclb.dataplane import exception_path
+
+    calls: list[tuple[str, ...]] = []
+    looks = {"n": 0}
+
+    def record(name: str) -> Any:
+        def fn(*args: Any, ipr: Any = None) -> Any:
+            assert isinstance(ipr, FakeNetlink)
+            calls.append((name, *(str(a) for a in args)))
+        return fn
+
+    def link_index(ifname: str, netns: str | None = None, *, ipr: Any = None) -> int | None:
+        looks["n"] += 1
+        return 7 if looks["n"] >= 3 else None
+
+    monkeypatch.setattr(exception_path, "open_netlink", lambda netns=None: FakeNetlink())
+    for name in ("detach_xdp", "hand_over", "give_back", "claim_vips"):
+        monkeypatch.setattr(exception_path, name, record(name))
+    monkeypatch.setattr(exception_path, "link_index", link_index)
+    return calls
+
+
+def dpdk_config(vips: str = "198.18.1.10") -> Any:
+    text = config(dataplane="dpdk", dpdk="  dpdk: {driver: af_xdp, tap_prefix: exc}")
+    extra = "".join(f"  - {{name: v{i}, address: {a}, port: 81, protocol: udp, pool: web}}\n"
+                    for i, a in enumerate(vips.split()) if a != "198.18.1.10")
+    return parse_config(text + extra)
+
+
+def test_the_host_hooks_keep_the_restart_path_short(host_calls: list[tuple[str, ...]],
+                                                    tmp_path: Any) -> None:
+    """Before the spawn only the stale AF_XDP programs go; the VIPs and the
+    addresses' hand-over overlap the start-up, waiting for each TAP; after the
+    hello nothing is left to do; a reload's VIPs are synced; a stop gives
+    everything back and closes the kept netlink socket."""
+    from hpclb.dataplane.select import DpdkHost
+
+    host = DpdkHost(dpdk_config(), tmp_path)
+    rec = str(tmp_path / "gw1.vips.addresses.json")
+    host.before_start()
+    assert host_calls == [("detach_xdp", "eth0", "lbns"), ("detach_xdp", "eth1", "lbns")]
+    host_calls.clear()
+    host.while_starting(lambda: True)
+    assert host_calls == [
+        ("claim_vips", "['198.18.1.10']", rec, "lbns"),
+        ("hand_over", "eth0", "exc0", str(tmp_path / "gw1.exc0.addresses.json"), "lbns"),
+        ("hand_over", "eth1", "exc1", str(tmp_path / "gw1.exc1.addresses.json"), "lbns")]
+    host_calls.clear()
+    host.after_ready()
+    assert host_calls == []
+    # The next restart: the VIPs are already the forwarder's, only the TAPs move.
+    host.before_start()
+    host.while_starting(lambda: True)
+    assert [c[0] for c in host_calls] == ["detach_xdp", "detach_xdp", "hand_over", "hand_over"]
+    host_calls.clear()
+    # A start that ends before its TAP appears: after_ready is left to do it.
+    host.before_start()
+    host.while_starting(lambda: False)
+    host.after_ready()
+    assert [c[0] for c in host_calls] == ["detach_xdp", "detach_xdp", "hand_over", "hand_over"]
+    host_calls.clear()
+    host.sync_vips(dpdk_config("198.18.1.10 198.18.1.20"))
+    assert host_calls == [("claim_vips", "['198.18.1.10', '198.18.1.20']", rec, "lbns")]
+    host_calls.clear()
+    closed = FakeNetlink.closed
+    host.after_stop()
+    assert host_calls == [("give_back", str(tmp_path / "gw1.exc0.addresses.json"), "lbns"),
+                          ("give_back", str(tmp_path / "gw1.exc1.addresses.json"), "lbns"),
+                          ("give_back", rec, "lbns")]
+    assert FakeNetlink.closed == closed + 1
+
+
+def test_an_adopted_forwarder_gets_its_vips_and_addresses_after_its_hello(
+        host_calls: list[tuple[str, ...]], tmp_path: Any) -> None:
+    from hpclb.dataplane.select import DpdkHost
+
+    host = DpdkHost(dpdk_config(), tmp_path)
+    host.after_ready()
+    assert [c[0] for c in host_calls] == ["hand_over", "hand_over", "claim_vips"]

@@ -12,15 +12,36 @@ interface onto its TAP, recording what it moved in a JSON file so that a
 control plane restarted later still knows; ``give_back`` puts them back when
 the forwarder stops for good. A TAP that the forwarder re-creates after a
 crash gets the recorded addresses again.
+
+The VIPs are the forwarder's alone: it answers ARP for them, and what reaches
+the kernel for a VIP (through the TAP, or through the stale AF_XDP program of a
+killed forwarder, which passes every frame to the kernel until the next one
+starts) must not be answered by the kernel, which would send ICMP port
+unreachable for UDP and RST for TCP from the VIP. ``claim_vips`` takes every
+VIP address off the kernel's interfaces (an XDP appliance keeps them on ``lo``,
+where the kernel must accept what XDP passes), recording where each was, and
+installs a ``blackhole`` route for each VIP: the kernel drops such packets
+silently, with or without ip_forward (a blackhole sends no ICMP, unlike
+``unreachable`` or ``prohibit``). A VIP that a reload removes, and every VIP
+when the forwarder stops for good (``give_back`` of the VIP record), gets its
+addresses back and loses its blackhole. A VIP that is also an interface's
+subnet address (not a /32) is the appliance's own address: it is left alone,
+with a warning.
+
+Every function takes an open netlink socket (``open_netlink``) or opens one in
+the namespace for the call: a supervisor keeps one for its hooks, since
+entering a namespace costs some 20 ms, which a restart should not pay.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import subprocess
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +50,52 @@ from pyroute2 import IPRoute, NetlinkError, NetNS
 log = logging.getLogger("hpclb.exception_path")
 
 RT_TABLE_MAIN = 254
+RTN_BLACKHOLE = 6
 EEXIST = 17
 ESRCH = 3
+EADDRNOTAVAIL = 99
 TAP_WAIT_S = 5.0
+VIP_RECORD_KIND = "vips"
+
+Netlink = IPRoute | NetNS
 
 
-def _ipr(netns: str | None) -> IPRoute | NetNS:
+def open_netlink(netns: str | None = None) -> Netlink:
+    """A netlink socket in ``netns`` (the caller's namespace for None); close it."""
     return NetNS(netns) if netns else IPRoute()
+
+
+
+@contextlib.contextmanager
+def _netlink(netns: str | None, ipr: Netlink | None) -> Iterator[Netlink]:
+    """``ipr`` as it is, or one opened (and closed) for the call."""
+    if ipr is not None:
+        yield ipr
+        return
+    own = open_netlink(netns)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def _index(ipr: IPRoute | NetNS, ifname: str) -> int | None:
     found = ipr.link_lookup(ifname=ifname)
     return found[0] if found else None
+
+
+def link_index(ifname: str, netns: str | None = None, *, ipr: Netlink | None = None
+               ) -> int | None:
+    """The interface's index, None while it does not exist."""
+    with _netlink(netns, ipr) as nl:
+        return _index(nl, ifname)
 
 
 def _addresses(ipr: IPRoute | NetNS, index: int) -> list[dict[str, Any]]:
@@ -83,11 +138,11 @@ def _move(ipr: IPRoute | NetNS, record: dict[str, Any], src: int | None, dst: in
             log.warning("route %s could not follow the addresses: %s", r, exc)
 
 
-def hand_over(iface: str, tap: str, record_path: Path, netns: str | None = None) -> int:
+def hand_over(iface: str, tap: str, record_path: Path, netns: str | None = None, *,
+              ipr: Netlink | None = None) -> int:
     """Moves iface's IPv4 addresses and routes onto tap. Returns how many
     addresses tap carries afterwards."""
-    ipr = _ipr(netns)
-    try:
+    with _netlink(netns, ipr) as ipr:
         deadline = time.monotonic() + TAP_WAIT_S
         while (tap_index := _index(ipr, tap)) is None:
             if time.monotonic() > deadline:
@@ -97,8 +152,7 @@ def hand_over(iface: str, tap: str, record_path: Path, netns: str | None = None)
         current = _addresses(ipr, src) if src is not None else []
         if current:
             record = {"iface": iface, "addresses": current, "routes": _routes(ipr, src)}
-            record_path.parent.mkdir(parents=True, exist_ok=True)
-            record_path.write_text(json.dumps(record))
+            _write_json(record_path, record)
         elif record_path.exists():
             record = json.loads(record_path.read_text())  # handed over before a restart
         else:
@@ -108,30 +162,145 @@ def hand_over(iface: str, tap: str, record_path: Path, netns: str | None = None)
                  ", ".join(f"{a['address']}/{a['prefixlen']}" for a in record["addresses"]),
                  tap)
         return len(_addresses(ipr, tap_index))
-    finally:
-        ipr.close()
 
 
-def give_back(record_path: Path, netns: str | None = None) -> None:
-    """Puts the recorded addresses and routes back on their interface."""
+def give_back(record_path: Path, netns: str | None = None, *,
+              ipr: Netlink | None = None) -> None:
+    """Puts the recorded addresses and routes back on their interface; for a
+    VIP record (``claim_vips``), the VIPs' addresses, and removes their
+    blackhole routes."""
     if not record_path.exists():
         return
     record = json.loads(record_path.read_text())
-    ipr = _ipr(netns)
-    try:
+    if record.get("kind") == VIP_RECORD_KIND:
+        claim_vips((), record_path, netns, ipr=ipr)
+        return
+    with _netlink(netns, ipr) as ipr:
         index = _index(ipr, record["iface"])
         if index is not None:
             _move(ipr, record, None, index)
             log.info("gave %s its addresses back", record["iface"])
-    finally:
-        ipr.close()
     record_path.unlink()
 
 
-def detach_xdp(iface: str, netns: str | None = None) -> None:
+def _xdp_modes(ipr: Netlink, index: int) -> set[str]:
+    """The XDP attach modes in use on an interface, as ``ip link`` names them."""
+    links = ipr.get_links(index)
+    xdp = links[0].get_attr("IFLA_XDP") if links else None
+    if xdp is None:
+        return set()
+    attached = xdp.get_attr("IFLA_XDP_ATTACHED")
+    modes = set()
+    for mode, prog_id in (("xdpgeneric", "IFLA_XDP_SKB_PROG_ID"),
+                          ("xdp", "IFLA_XDP_DRV_PROG_ID"),
+                          ("xdpoffload", "IFLA_XDP_HW_PROG_ID")):
+        if xdp.get_attr(prog_id) or attached == mode:
+            modes.add(mode)
+    if attached == "multi" and not modes:
+        modes = {"xdp", "xdpgeneric"}
+    return modes
+
+
+def detach_xdp(iface: str, netns: str | None = None, *, ipr: Netlink | None = None) -> None:
     """Removes any XDP program from iface: one a killed AF_XDP port left behind
-    would make the next forwarder's attach fail."""
+    would make the next forwarder's attach fail. Only the modes in use are
+    detached (each detach costs the kernel some 20 ms on a veth)."""
+    with _netlink(netns, ipr) as nl:
+        index = _index(nl, iface)
+        modes = {"xdp", "xdpgeneric"} if index is None else _xdp_modes(nl, index)
     base = ["ip", "-n", netns] if netns else ["ip"]
-    for mode in ("xdp", "xdpgeneric"):
+    for mode in sorted(modes):
         subprocess.run([*base, "link", "set", "dev", iface, mode, "off"],
                        capture_output=True, check=False)
+
+
+# --- the VIPs ---------------------------------------------------------------
+
+
+def _local(a: Any) -> str:
+    return str(a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS"))
+
+
+def _blackholes(ipr: Netlink) -> set[str]:
+    """Host blackhole routes of the main table."""
+    return {r.get_attr("RTA_DST") for r in ipr.get_routes(family=2, table=RT_TABLE_MAIN)
+            if r["type"] == RTN_BLACKHOLE and r["dst_len"] == 32}
+
+
+def claim_vips(vips: Iterable[str | ipaddress.IPv4Address], record_path: Path,
+               netns: str | None = None, *, ipr: Netlink | None = None) -> dict[str, list[str]]:
+    """Makes ``vips`` the forwarder's alone (module doc): a blackhole route for
+    each, then their /32 addresses off every interface, recorded in
+    ``record_path``; VIPs recorded earlier but not in ``vips`` get their
+    addresses back and lose their blackhole. Idempotent; an empty ``vips``
+    gives everything back and removes the record. Returns what it changed:
+    {"taken": [...], "blackholed": [...], "released": [...]}."""
+    wanted = {str(ipaddress.IPv4Address(str(v))) for v in vips}
+    record: dict[str, Any] = {"kind": VIP_RECORD_KIND, "addresses": [], "blackholes": []}
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+    done: dict[str, list[str]] = {"taken": [], "blackholed": [], "released": []}
+    with _netlink(netns, ipr) as nl:
+        addrs = list(nl.get_addr(family=2))
+        own = {_local(a) for a in addrs if a["prefixlen"] < 32}
+        for vip in sorted(wanted & own):
+            log.warning("VIP %s is also an interface address of the appliance: the kernel "
+                        "keeps it and answers what reaches it while the forwarder restarts",
+                        vip)
+        holes = sorted(wanted - own - _blackholes(nl))
+        take = [a for a in addrs if a["prefixlen"] == 32 and _local(a) in wanted]
+        names = {link["index"]: link.get_attr("IFLA_IFNAME")
+                 for link in (nl.get_links() if take else ())}
+        # What this call may change is recorded before it is changed.
+        for a in take:
+            entry = {"iface": names.get(a["index"], ""), "address": _local(a), "prefixlen": 32}
+            if entry not in record["addresses"]:
+                record["addresses"].append(entry)
+        record["blackholes"] = sorted(set(record["blackholes"]) | set(holes))
+        if holes or take:
+            _write_json(record_path, record)
+        # 1. Blackholes first: once an address goes, its VIP's packets find no
+        # route but the blackhole (a local address outranks it meanwhile).
+        for vip in holes:
+            nl.route("replace", dst=vip, dst_len=32, type="blackhole", table=RT_TABLE_MAIN)
+            done["blackholed"].append(vip)
+        # 2. The VIPs' /32 addresses off every interface.
+        for a in take:
+            try:
+                nl.addr("del", index=a["index"], address=_local(a), prefixlen=32)
+            except NetlinkError as exc:
+                if exc.code != EADDRNOTAVAIL:
+                    raise
+            done["taken"].append(f"{_local(a)}@{names.get(a['index'], a['index'])}")
+        # 3. What is no longer a VIP: its addresses back, then its blackhole off.
+        gone = ({e["address"] for e in record["addresses"]} | set(record["blackholes"])) - wanted
+        keep = []
+        for entry in record["addresses"]:
+            if entry["address"] not in gone:
+                keep.append(entry)
+                continue
+            index = _index(nl, entry["iface"])
+            if index is None:
+                log.warning("%s cannot go back to %s: no such interface", entry["address"],
+                            entry["iface"])
+                continue
+            try:
+                nl.addr("add", index=index, address=entry["address"],
+                        prefixlen=entry["prefixlen"])
+            except NetlinkError as exc:
+                if exc.code != EEXIST:
+                    raise
+            done["released"].append(entry["address"])
+        for vip in sorted(gone & set(record["blackholes"])):
+            with contextlib.suppress(NetlinkError):  # already gone
+                nl.route("del", dst=vip, dst_len=32, type="blackhole", table=RT_TABLE_MAIN)
+        record["addresses"] = keep
+        record["blackholes"] = sorted(set(record["blackholes"]) - gone)
+        if record["addresses"] or record["blackholes"]:
+            if gone or holes or take or not record_path.exists():
+                _write_json(record_path, record)
+        else:
+            record_path.unlink(missing_ok=True)
+    if any(done.values()):
+        log.info("VIPs: %s", ", ".join(f"{k} {' '.join(v)}" for k, v in done.items() if v))
+    return done

@@ -10,8 +10,13 @@ attaches natively when the driver can and falls back to generic mode.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from pyroute2 import NetlinkError
 
 from hpclb.config import Dataplane, DpdkDriver, HpclbConfig
 from hpclb.dataplane import exception_path
@@ -27,6 +32,9 @@ from hpclb.dataplane.dpdk import (
 from hpclb.dataplane.supervisor import find_xdp_daemon
 
 log = logging.getLogger("hpclb.select")
+
+# How often a starting forwarder's TAP is looked for.
+TAP_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -121,30 +129,125 @@ def dataplane_argv(config: HpclbConfig, choice: Choice) -> list[str]:
     return xdp_argv(config)
 
 
-@dataclass(frozen=True)
+def vip_addresses(config: HpclbConfig) -> list[str]:
+    """The configured VIP addresses, each once."""
+    return sorted({str(v.address) for v in config.vips})
+
+
+@dataclass
 class DpdkHost:
-    """What the control plane does around each start of the forwarder."""
+    """What the control plane does around each start of the forwarder.
+
+    The kernel never answers VIP traffic: the VIPs are taken from it
+    (``exception_path.claim_vips``: their addresses off its interfaces, a
+    blackhole route each) when the forwarder first starts or is adopted, and
+    stay taken across its restarts; ``sync_vips`` follows a reload that adds or
+    removes VIPs; everything is given back when the forwarder stops for good.
+
+    Around each start, as little as possible delays forwarding: only what must
+    precede the new process runs before it (``before_start``: detach the
+    AF_XDP program a killed forwarder left); the VIP check and the hand-over of
+    the ports' addresses to their TAPs (which the new process creates during
+    its EAL init) overlap its start-up (``while_starting``); ``after_ready``
+    finishes whatever that could not (an adopted forwarder, a TAP that was
+    late). The records live in ``run_dir``, so that a control plane restarted
+    later (or the lab) can give back what this one took.
+
+    One netlink socket in the appliance's namespace serves every hook (opened
+    on first use, closed by ``after_stop``): entering the namespace costs some
+    20 ms, which a restart should not pay.
+    """
 
     config: HpclbConfig
     run_dir: Path
+    _nl: exception_path.Netlink | None = field(default=None, repr=False)
+    _claimed: tuple[str, ...] | None = field(default=None, repr=False)
+    _handed: set[str] = field(default_factory=set, repr=False)  # TAPs of this process
 
     def _record(self, port: DpdkPort) -> Path:
         return self.run_dir / f"{self.config.appliance.name}.{port.tap}.addresses.json"
 
+    @property
+    def vip_record(self) -> Path:
+        """Where the VIPs' kernel addresses are recorded (``*.addresses.json``,
+        like the ports', so that whatever gives those back gives these too)."""
+        return self.run_dir / f"{self.config.appliance.name}.vips.addresses.json"
+
+    def _netlink(self) -> exception_path.Netlink:
+        if self._nl is None:
+            self._nl = exception_path.open_netlink(self.config.appliance.netns)
+        return self._nl
+
+    def _close(self) -> None:
+        if self._nl is not None:
+            self._nl.close()
+            self._nl = None
+
+    def _call(self, fn: Callable[..., Any], *args: object) -> Any:
+        """``fn(*args, ipr=<the kept socket>)``; once more on a fresh socket if
+        the kept one failed (one left broken by an earlier error)."""
+        try:
+            return fn(*args, ipr=self._netlink())
+        except (OSError, NetlinkError) as err:
+            log.debug("%s on the kept netlink socket: %s; again on a new one",
+                      getattr(fn, "__name__", fn), err)
+            self._close()
+            return fn(*args, ipr=self._netlink())
+
+    def claim_vips(self) -> None:
+        vips = vip_addresses(self.config)
+        self._call(exception_path.claim_vips, vips, self.vip_record, self.config.appliance.netns)
+        self._claimed = tuple(vips)
+
+    def sync_vips(self, config: HpclbConfig) -> None:
+        """After a reload was pushed: the VIPs it added are taken from the
+        kernel, those it removed are given back (their addresses, no blackhole)."""
+        self.config = config
+        self.claim_vips()
+
+    def _hand_over(self, port: DpdkPort, netns: str | None) -> None:
+        assert port.iface and port.tap
+        self._call(exception_path.hand_over, port.iface, port.tap, self._record(port), netns)
+        self._handed.add(port.tap)
+
     def before_start(self) -> None:
+        self._handed = set()
         launch = dpdk_launch(self.config)
         for port in launch.ports:
             if port.driver == "af_xdp" and port.iface:
-                exception_path.detach_xdp(port.iface, launch.netns)
+                self._call(exception_path.detach_xdp, port.iface, launch.netns)
+
+    def while_starting(self, starting: Callable[[], bool]) -> None:
+        """While the new forwarder starts: the VIPs (a check, after the first
+        start), then each TAP's addresses as soon as the TAP exists."""
+        if self._claimed != tuple(vip_addresses(self.config)):
+            self.claim_vips()
+        launch = dpdk_launch(self.config)
+        for port in launch.ports:
+            if not (port.tap and port.iface):
+                continue
+            while self._call(exception_path.link_index, port.tap) is None:
+                if not starting():
+                    return  # after_ready hands over, or the start failed
+                time.sleep(TAP_POLL_S)
+            self._hand_over(port, launch.netns)
 
     def after_ready(self) -> None:
         launch = dpdk_launch(self.config)
         for port in launch.ports:
-            if port.tap and port.iface:
-                exception_path.hand_over(port.iface, port.tap, self._record(port), launch.netns)
+            if port.tap and port.iface and port.tap not in self._handed:
+                self._hand_over(port, launch.netns)
+        if self._claimed != tuple(vip_addresses(self.config)):
+            self.claim_vips()  # adopted: nothing ran before
 
     def after_stop(self) -> None:
         launch = dpdk_launch(self.config)
-        for port in launch.ports:
-            if port.tap:
-                exception_path.give_back(self._record(port), launch.netns)
+        try:
+            for port in launch.ports:
+                if port.tap:
+                    self._call(exception_path.give_back, self._record(port), launch.netns)
+            self._call(exception_path.give_back, self.vip_record, launch.netns)
+            self._claimed = None
+            self._handed = set()
+        finally:
+            self._close()
