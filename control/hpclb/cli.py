@@ -26,6 +26,8 @@ log = logging.getLogger("hpclb.cli")
 
 def _cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    for warning in cfg.empty_pool_warnings():
+        print(f"{args.config}: warning: {warning}", file=sys.stderr)
     if not args.schema_only:
         from hpclb.preflight import check_host
 

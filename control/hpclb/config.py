@@ -5,13 +5,20 @@
 
 A ConfigError's str() is one line per problem, sorted by position:
 ``lab.yaml:14:11: vips[0].port: Input should be less than or equal to 65535 (got 70000)``.
+A file over MAX_CONFIG_BYTES is refused before it is parsed. libyaml parses when
+PyYAML has it (its pure-Python parser takes seconds for 4,096 backends); YAML
+errors are reported by the pure-Python parser, so messages never depend on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import gc
+import os
 import re
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from ipaddress import IPv4Address
@@ -330,6 +337,14 @@ class HpclbConfig(_Strict):
     pools: dict[Name, PoolConfig] = Field(default_factory=dict)
     vips: list[VipConfig] = Field(default_factory=list, max_length=LB_MAX_VIPS)
 
+    def empty_pool_warnings(self) -> list[str]:
+        """One line per VIP whose pool has no backend. Valid (a pool may await
+        its nodes), but every packet to such a VIP is dropped: worth a warning."""
+        return [f"VIP {vip.name!r} ({vip.address}:{vip.port}/{vip.protocol.value}): pool "
+                f"{vip.pool!r} has no backend; its traffic is dropped until one is added"
+                for vip in self.vips
+                if vip.pool in self.pools and not self.pools[vip.pool].backends]
+
     def pool_of(self, backend: str) -> str | None:
         for name, pool in self.pools.items():
             if any(b.name == backend for b in pool.backends):
@@ -470,7 +485,25 @@ def _path(loc: Loc) -> str:
     return out
 
 
-class _Loader(yaml.SafeLoader):
+# The largest configuration accepted, in bytes, checked before any parsing. 4,096
+# backends (the data planes' limit) take about 340 kB written one per line with
+# name, address, weight and MAC, and under 1 MB spelt out in block style with
+# every field and a comment each: 4 MiB (1 KiB per backend) leaves that room
+# several times over, while a file far beyond any valid configuration is refused
+# at once instead of costing its parse (a 5 MB file took 40 s and 0.5 GB).
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def _too_large(source: str, size: int | None) -> ConfigError:
+    got = f"{size} bytes, " if size is not None else ""
+    msg = (f"configuration too large: {got}over the limit of {MAX_CONFIG_BYTES} bytes "
+           f"({MAX_CONFIG_BYTES >> 20} MiB)")
+    return ConfigError([ConfigIssue(source, None, None, "", msg)])
+
+
+class _Constructing(yaml.constructor.SafeConstructor):
+    """The construction both loaders share (PyYAML's SafeConstructor, made strict)."""
+
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
@@ -484,21 +517,36 @@ class _Loader(yaml.SafeLoader):
         return self.construct_scalar(node)  # no dates in this schema; keep the text
 
 
+class _Loader(_Constructing, yaml.SafeLoader):
+    """The pure-Python loader: the reference, whose YAML error messages are reported."""
+
+
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+_FastLoader: type[_Constructing] | None = None
+if getattr(yaml, "__with_libyaml__", False):
+
+    class _CLoader(_Constructing, yaml.CSafeLoader):
+        """libyaml's parser and composer (same nodes, same marks, ten times faster);
+        any YAML error it finds is reported by _Loader instead, so messages stay the same."""
+
+    _CLoader.add_constructor("tag:yaml.org,2002:timestamp", _CLoader.construct_yaml_timestamp)
+    _FastLoader = _CLoader
 
 _MERGE = "tag:yaml.org,2002:merge"
 _MODELS = (HpclbConfig, ApplianceConfig, InterfacesConfig, XdpConfig, PoolConfig, BackendConfig)
 _KNOWN_KEYS = sorted({key for model in (*_MODELS, VipConfig) for key in model.model_fields})
 
 
-Marks = dict[tuple[str, ...], yaml.Mark]
+def _duplicate_keys(root: yaml.Node, source: str) -> list[ConfigIssue]:
+    """A mapping key given twice (YAML would silently keep the last value).
 
-
-def _index(root: yaml.Node, source: str) -> tuple[Marks, list[ConfigIssue]]:
-    """Map each path (as strings) to its mark: the value's for scalars, else the key's/item's."""
-    marks: Marks = {(): root.start_mark}
+    Run before construction, which rewrites mappings that use merge keys (`<<`).
+    Only collections are walked (scalars cannot hold keys), each node once:
+    aliases share nodes, which also stops cycles.
+    """
     issues: list[ConfigIssue] = []
-    seen: set[int] = set()  # aliases share nodes: walk each once (also stops cycles)
+    seen: set[int] = set()
     stack: list[tuple[tuple[str, ...], yaml.Node]] = [((), root)]
     while stack:
         path, node = stack.pop()
@@ -507,8 +555,8 @@ def _index(root: yaml.Node, source: str) -> tuple[Marks, list[ConfigIssue]]:
         seen.add(id(node))
         if isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                marks[(*path, str(i))] = item.start_mark
-                stack.append(((*path, str(i)), item))
+                if not isinstance(item, yaml.ScalarNode):
+                    stack.append(((*path, str(i)), item))
         elif isinstance(node, yaml.MappingNode):
             keys: set[tuple[str, str]] = set()
             for k, v in node.value:
@@ -521,20 +569,52 @@ def _index(root: yaml.Node, source: str) -> tuple[Marks, list[ConfigIssue]]:
                         ConfigIssue(source, m.line + 1, m.column + 1, where, "duplicate key")
                     )
                 keys.add((k.tag, k.value))
-                sub = (*path, str(k.value))
-                marks[sub] = (v if isinstance(v, yaml.ScalarNode) else k).start_mark
-                stack.append((sub, v))
-    return marks, issues
+                if not isinstance(v, yaml.ScalarNode):
+                    stack.append(((*path, str(k.value)), v))
+    return issues
 
 
-def _issue(err: dict[str, Any], prefix: Loc, marks: Marks, source: str) -> ConfigIssue:
+class _Marks:
+    """Where a path (as strings) is in the document, found only when a problem is
+    reported: the value's mark for a scalar, else its key's or item's; the nearest
+    enclosing one for a path the document does not spell (a missing key)."""
+
+    def __init__(self, root: yaml.Node) -> None:
+        self.root = root
+        self._keys: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _entries(self, node: yaml.MappingNode) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        entries = self._keys.get(id(node))
+        if entries is None:  # the last of duplicate keys wins, as in construction
+            entries = {str(k.value): (k, v) for k, v in node.value
+                       if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE}
+            self._keys[id(node)] = entries
+        return entries
+
+    def __getitem__(self, path: tuple[str, ...]) -> yaml.Mark:
+        node, mark = self.root, self.root.start_mark
+        for part in path:
+            if isinstance(node, yaml.SequenceNode):
+                if not part.isdigit() or int(part) >= len(node.value):
+                    break
+                node = node.value[int(part)]
+                mark = node.start_mark
+            elif isinstance(node, yaml.MappingNode):
+                entry = self._entries(node).get(part)
+                if entry is None:
+                    break
+                key, node = entry
+                mark = (node if isinstance(node, yaml.ScalarNode) else key).start_mark
+            else:
+                break
+        return mark
+
+
+def _issue(err: dict[str, Any], prefix: Loc, marks: _Marks, source: str) -> ConfigIssue:
     loc: Loc = (*prefix, *(p for p in err["loc"] if p != "[key]"))
     if "[key]" in err["loc"]:  # a bad mapping key: show it as a key even when YAML made it an int
         loc = tuple(map(str, loc))
-    key = tuple(str(p) for p in loc)
-    while key not in marks:
-        key = key[:-1]
-    mark = marks[key]
+    mark = marks[tuple(str(p) for p in loc)]
     msg = re.sub(r" or instance of \w+", "", err["msg"].removeprefix("Value error, "))
     inp = err.get("input", ...)  # absent for missing keys and cross-field problems
     if err["type"] == "extra_forbidden":
@@ -546,32 +626,79 @@ def _issue(err: dict[str, Any], prefix: Loc, marks: Marks, source: str) -> Confi
     return ConfigIssue(source, mark.line + 1, mark.column + 1, _path(loc) or "(top level)", msg)
 
 
-def parse_config(text: str, source_name: str = "<config>") -> HpclbConfig:
-    """Parse and validate YAML text; `source_name` prefixes every error line."""
-    loader: _Loader | None = None
+def _read(loader_class: type[_Constructing], text: str,
+          source: str) -> tuple[yaml.Node | None, Any, list[ConfigIssue]]:
+    """(root node, constructed data, duplicate-key issues); YAML errors propagate."""
+    loader = loader_class(text)  # type: ignore[call-arg]
     try:
-        loader = _Loader(text)
-        root = loader.get_single_node()
+        root = loader.get_single_node()  # type: ignore[attr-defined]
         if root is None:
-            raise ConfigError([ConfigIssue(source_name, 1, None, "", "configuration is empty")])
-        marks, issues = _index(root, source_name)  # before construction, which merges `<<` keys
-        data = loader.construct_document(root)
+            return None, None, []
+        issues = _duplicate_keys(root, source)  # before construction, which merges `<<` keys
+        return root, loader.construct_document(root), issues
+    finally:
+        loader.dispose()  # type: ignore[attr-defined]
+
+
+def _read_reference(text: str, source: str) -> tuple[yaml.Node | None, Any, list[ConfigIssue]]:
+    """_read with the pure-Python loader; its YAML errors become a ConfigError."""
+    try:
+        return _read(_Loader, text, source)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         msg = "; ".join(str(s) for s in (exc.context, exc.problem) if s) or "invalid YAML"
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise ConfigError([ConfigIssue(source_name, line, col, "", msg)]) from None
+        raise ConfigError([ConfigIssue(source, line, col, "", msg)]) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         ch = exc.character
         msg = f"unacceptable character #x{ord(ch) if isinstance(ch, str) else ch:04x}"
-        raise ConfigError([ConfigIssue(source_name, line, None, "", msg)]) from None
+        raise ConfigError([ConfigIssue(source, line, None, "", msg)]) from None
     except (yaml.YAMLError, RecursionError) as exc:
         msg = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
-        raise ConfigError([ConfigIssue(source_name, None, None, "", msg)]) from None
+        raise ConfigError([ConfigIssue(source, None, None, "", msg)]) from None
+
+
+def parse_config(text: str, source_name: str = "<config>") -> HpclbConfig:
+    """Parse and validate YAML text; `source_name` prefixes every error line."""
+    if len(text) > MAX_CONFIG_BYTES // 4:  # 4 bytes a character at most: count only then
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_CONFIG_BYTES:
+            raise _too_large(source_name, size)
+    with _gc_paused():
+        return _parse(text, source_name)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a document's tens of thousands of nodes
+    and objects are made: it would scan them again and again (a quarter of the
+    time). Collection resumes at the end and finds any cycle (a recursive alias)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
-        if loader is not None:
-            loader.dispose()
+        if enabled:
+            gc.enable()
+
+
+def _parse(text: str, source_name: str) -> HpclbConfig:
+    parsed = None
+    # libyaml takes tabs where PyYAML refuses them (`port: 80<TAB># x`): a text
+    # with a tab is judged by the reference loader alone, so that whether a file
+    # loads never depends on whether libyaml is installed.
+    if _FastLoader is not None and "\t" not in text:
+        try:
+            parsed = _read(_FastLoader, text, source_name)
+        except MemoryError:
+            raise
+        except Exception:  # whatever libyaml refused, the reference loader reports it
+            parsed = None
+    root, data, issues = parsed if parsed is not None else _read_reference(text, source_name)
+    if root is None:
+        raise ConfigError([ConfigIssue(source_name, 1, None, "", "configuration is empty")])
+    marks = _Marks(root)
     try:
         cfg = HpclbConfig.model_validate(data)
         if not issues:
@@ -591,10 +718,19 @@ def parse_config(text: str, source_name: str = "<config>") -> HpclbConfig:
 
 
 def load_config(path: str | Path) -> HpclbConfig:
-    """Read and validate a YAML configuration file; any problem raises ConfigError."""
+    """Read and validate a YAML configuration file; any problem raises ConfigError.
+
+    A file larger than MAX_CONFIG_BYTES is refused before it is parsed (and read
+    no further than that, whatever it is)."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size > MAX_CONFIG_BYTES:
+                raise _too_large(name, st.st_size)
+            text = f.read(MAX_CONFIG_BYTES + 1)  # characters: at least as many bytes
+            if len(text) > MAX_CONFIG_BYTES:  # a file that grew, a pipe, a device
+                raise _too_large(name, None)
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError([ConfigIssue(name, None, None, "", f"cannot read: {reason}")]) from None

@@ -106,6 +106,13 @@ class Model:
         version, ihl = ip[0] >> 4, ip[0] & 0xF
         if ihl < 5 or version != 4:
             return verdict("drop", "drop_malformed")
+        # The total length covers the header and fits in the frame; what follows
+        # it is Ethernet padding (a 60-byte minimum frame around a 40-byte
+        # packet), no part of the packet: the L4 header must fit in the packet.
+        (total_length,) = struct.unpack_from("!H", ip, 2)
+        if total_length < ihl * 4 or total_length > len(ip):
+            return verdict("drop", "drop_malformed")
+        ip = ip[:total_length]
         proto = ip[9]
         if proto not in (IPPROTO_TCP, IPPROTO_UDP):
             return verdict("pass", "pass_not_vip")

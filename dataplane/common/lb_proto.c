@@ -653,6 +653,14 @@ static int op_set_backends(struct req *r)
 		    get_uint(r, m, where, "state", LB_BACKEND_UP, LB_BACKEND_UNUSED, &state) ||
 		    get_uint(r, m, where, "port", 0, srv->info.nports - 1, &port))
 			return -1;
+		/* What the configuration refuses (hpclb/config.py): a frame sent to a
+		 * group address would reach every host that listens to it. All zeros
+		 * stays allowed: the control plane writes it for a backend whose MAC is
+		 * unknown, with state down. */
+		if (mac[0] & 1)
+			return fail(r, "field 'backends[%u].mac' must be a unicast address, "
+				    "%02x:%02x:%02x:%02x:%02x:%02x has the multicast bit set",
+				    i, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
 		if (seen[id / 8] & (1u << (id % 8)))
 			return fail(r, "field 'backends[%u].id': id %llu appears twice", i,
 				    (unsigned long long)id);

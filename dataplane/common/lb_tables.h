@@ -131,7 +131,8 @@ enum lb_stat {
 	LB_STAT_PASS_NOT_IPV4,     /* not IPv4: handed to the kernel */
 	LB_STAT_PASS_NOT_VIP,      /* IPv4 but no VIP for (addr, port, proto) */
 	LB_STAT_PASS_FRAGMENT,     /* IPv4 fragment: handed to the kernel */
-	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL */
+	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL or version, IPv4
+	                            * total length below the header or beyond the frame */
 	LB_STAT_DROP_NO_BACKEND,   /* ring empty or no up backend within LB_RING_PROBES */
 	LB_STAT_DROP_TX_ERROR,     /* bad port or redirect failure (DPDK: also frames a full
 	                            * TX queue refused, already counted as fwd_*) */

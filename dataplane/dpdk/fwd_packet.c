@@ -88,7 +88,7 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	const struct lb_backend *backend = NULL;
 	struct fwd_flow_slot *pinned;
 	struct lb_vip_key vkey;
-	__u32 backend_id = LB_NO_BACKEND, ihl_bytes, port;
+	__u32 backend_id = LB_NO_BACKEND, ihl_bytes, ip_len, port;
 	hash_sig_t sig;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
@@ -103,24 +103,30 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	if (len < sizeof(*eth) + sizeof(*iph) || (iph->version_ihl & 0xf) < 5 ||
 	    (iph->version_ihl >> 4) != 4)
 		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+	/* The total length covers the header and fits in the frame; what follows
+	 * it is Ethernet padding, no part of the packet: the L4 header must fit
+	 * in the packet, not just in the frame. */
+	ihl_bytes = (iph->version_ihl & 0xf) * 4u;
+	ip_len = rte_be_to_cpu_16(iph->total_length);
+	if (ip_len < ihl_bytes || ip_len > len - sizeof(*eth))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 	if (iph->next_proto_id != IPPROTO_TCP && iph->next_proto_id != IPPROTO_UDP)
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	if (iph->fragment_offset & RTE_BE16(IP_MF | IP_OFFSET))
 		return stat(c, LB_STAT_PASS_FRAGMENT, len, FWD_TO_KERNEL);
 
 	memset(&flow, 0, sizeof(flow));
-	ihl_bytes = (iph->version_ihl & 0xf) * 4u;
 	if (iph->next_proto_id == IPPROTO_TCP) {
 		const struct rte_tcp_hdr *tcp = (const void *)((__u8 *)iph + ihl_bytes);
 
-		if (len < sizeof(*eth) + ihl_bytes + sizeof(*tcp))
+		if (ip_len < ihl_bytes + sizeof(*tcp)) /* ip_len fits in the frame */
 			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 		flow.sport = tcp->src_port;
 		flow.dport = tcp->dst_port;
 	} else {
 		const struct rte_udp_hdr *udp = (const void *)((__u8 *)iph + ihl_bytes);
 
-		if (len < sizeof(*eth) + ihl_bytes + sizeof(*udp))
+		if (ip_len < ihl_bytes + sizeof(*udp))
 			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 		flow.sport = udp->src_port;
 		flow.dport = udp->dst_port;

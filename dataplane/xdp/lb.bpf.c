@@ -2,7 +2,8 @@
 /*
  * lb.bpf.c - the XDP data plane: IPv4 TCP/UDP to a VIP in DSR mode.
  *
- * Per packet: parse Ethernet/IPv4/L4 with every length checked, look the
+ * Per packet: parse Ethernet/IPv4/L4 with every length checked (the IPv4
+ * total length too: it covers the header and fits in the frame), look the
  * (daddr, dport, proto) triple up in vip_map, then
  *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
  *      a weight change or ring patch never moves an established flow; the
@@ -176,7 +177,7 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_backend *backend = NULL;
 	struct lb_config *cfg;
 	struct lb_port *port;
-	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx;
+	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx, ihl_bytes, ip_len;
 	long verdict;
 	void *l4;
 
@@ -189,24 +190,33 @@ int lb_xdp(struct xdp_md *ctx)
 	iph = (void *)(eth + 1);
 	if ((void *)(iph + 1) > data_end || iph->ihl < 5 || iph->version != 4)
 		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+	/* The total length covers the header and fits in the frame; what follows
+	 * it is Ethernet padding, no part of the packet: the L4 header must fit
+	 * in the packet, not just in the frame. */
+	ihl_bytes = (iph->ihl & 0xf) * 4;
+	ip_len = bpf_ntohs(iph->tot_len);
+	if (ip_len < ihl_bytes || ip_len > len - sizeof(*eth))
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
 	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
 
-	/* ihl is 4 bits, so the options are at most 40 bytes: a bounded offset. */
+	/* ihl is 4 bits, so the options are at most 40 bytes: a bounded offset
+	 * (read from the header again, not from ihl_bytes, so that the verifier
+	 * sees the bound even where the compiler spills the variable). */
 	l4 = (void *)iph + (iph->ihl & 0xf) * 4;
 	if (iph->protocol == IPPROTO_TCP) {
 		struct tcphdr *tcp = l4;
 
-		if ((void *)(tcp + 1) > data_end)
+		if ((void *)(tcp + 1) > data_end || ihl_bytes + sizeof(*tcp) > ip_len)
 			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
 		flow.sport = tcp->source;
 		flow.dport = tcp->dest;
 	} else {
 		struct udphdr *udp = l4;
 
-		if ((void *)(udp + 1) > data_end)
+		if ((void *)(udp + 1) > data_end || ihl_bytes + sizeof(*udp) > ip_len)
 			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
 		flow.sport = udp->source;
 		flow.dport = udp->dest;

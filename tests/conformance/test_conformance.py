@@ -124,6 +124,85 @@ def test_bad_ihl_and_version_are_dropped(harness: Harness) -> None:
     assert harness.send(bytes(frame)).reason == "drop_malformed"
 
 
+def _with_total_length(frame: bytes, total_length: int) -> bytes:
+    out = bytearray(frame)
+    struct.pack_into("!H", out, 14 + 2, total_length)
+    return bytes(out)
+
+
+def test_ip_total_length_beyond_the_frame_is_dropped(harness: Harness) -> None:
+    """A packet that claims more bytes than the frame carries is truncated:
+    dropped, never forwarded (the kernel would drop it too)."""
+    harness.load(base_tables())
+    frame = tcp("198.19.17.1", 17000)
+    for claimed in (len(frame) - 14 + 1, 1500, 0xFFFF):
+        v = harness.send(_with_total_length(frame, claimed))
+        assert (v.action, v.reason) == ("drop", "drop_malformed"), claimed
+    v = harness.send(_with_total_length(udp("198.19.17.1", 17001), 0xFFFF))
+    assert (v.action, v.reason) == ("drop", "drop_malformed")
+    # The IPv4 header is checked before anything else is decided: not even
+    # what would pass (a fragment, another protocol) passes with a lie in it.
+    fragment = bytes(ETH / IP(src="198.19.17.1", dst="198.18.1.10", flags="MF")
+                     / UDP(sport=17002, dport=53) / (b"x" * 64))
+    icmp = bytes(ETH / IP(src="198.19.17.1", dst="198.18.1.10", proto=1) / b"\x08\x00ping")
+    for other in (fragment, icmp):
+        assert harness.send(other).action == "pass"
+        v = harness.send(_with_total_length(other, len(other) - 14 + 1))
+        assert (v.action, v.reason) == ("drop", "drop_malformed")
+
+
+def test_ip_total_length_below_the_header_is_dropped(harness: Harness) -> None:
+    harness.load(base_tables())
+    frame = tcp("198.19.18.1", 18000)
+    for claimed in (19, 1):
+        v = harness.send(_with_total_length(frame, claimed))
+        assert (v.action, v.reason) == ("drop", "drop_malformed"), claimed
+    # With options (IHL 6: a 24-byte header), 20 is below the header too.
+    with_options = bytes(ETH / IP(src="198.19.18.1", dst="198.18.1.10",
+                                  options=[IPOption_NOP()] * 4) / TCP(sport=18001, dport=80))
+    assert harness.send(with_options).action == "tx"
+    for claimed in (20, 23):
+        v = harness.send(_with_total_length(with_options, claimed))
+        assert (v.action, v.reason) == ("drop", "drop_malformed"), claimed
+
+
+def test_ip_total_length_zero_is_dropped(harness: Harness) -> None:
+    harness.load(base_tables())
+    for frame in (tcp("198.19.19.1", 19000), udp("198.19.19.1", 19001)):
+        v = harness.send(_with_total_length(frame, 0))
+        assert (v.action, v.reason) == ("drop", "drop_malformed")
+
+
+def test_l4_header_beyond_the_ip_total_length_is_dropped(harness: Harness) -> None:
+    """The frame holds a whole TCP/UDP header, the packet does not (its total
+    length ends inside it): the ports are padding, not the packet's."""
+    harness.load(base_tables())
+    frame = tcp("198.19.20.1", 20000)
+    for claimed in (20, 20 + 19):
+        v = harness.send(_with_total_length(frame, claimed))
+        assert (v.action, v.reason) == ("drop", "drop_malformed"), claimed
+    v = harness.send(_with_total_length(udp("198.19.20.1", 20001), 20 + 7))
+    assert (v.action, v.reason) == ("drop", "drop_malformed")
+    v = harness.send(_with_total_length(udp("198.19.20.1", 20002), 20 + 8))  # no payload: fine
+    assert v.action == "tx"
+
+
+def test_ethernet_padding_after_a_short_packet_still_forwards(harness: Harness) -> None:
+    """A 60-byte minimum frame around a 40-byte packet (a bare TCP SYN, a
+    short UDP datagram): the padding is no error. It is forwarded like the
+    unpadded frame, to the same backend, padding and all (DSR touches only
+    the MACs)."""
+    harness.load(base_tables())
+    for frame in (tcp("198.19.21.1", 21000), udp("198.19.21.1", 21001)):
+        assert len(frame) < 60
+        padded = frame + bytes(60 - len(frame))
+        plain = harness.send(frame)
+        v = harness.send(padded)
+        assert (v.action, v.reason) == ("tx", "fwd_tx")
+        assert v.backend_id == plain.backend_id
+        assert v.frame == plain.frame + bytes(60 - len(frame))
+
+
 def test_ip_options_are_skipped(harness: Harness) -> None:
     """Defined behaviour: the L4 header is found through the IHL, so a packet
     with options is balanced exactly like the same flow without them."""

@@ -358,6 +358,51 @@ static void test_failures(struct lb_proto_server *srv)
 	check_mirror(srv, "resync");
 }
 
+/* A multicast destination MAC is refused, like the configuration refuses it,
+ * and nothing of the request is applied; all zeros (a backend whose MAC is
+ * not known, down) is taken. */
+static void test_backend_macs(struct lb_proto_server *srv)
+{
+	static const __u8 macs[][6] = {
+		{ 0x02, 0, 0, 0, 0, 0x30 }, { 0x01, 0x00, 0x5e, 0, 0, 0xfb },
+		{ 0xff, 0xff, 0xff, 0xff, 0xff, 0xff }, { 0x33, 0x33, 0, 0, 0, 1 },
+	};
+	__u8 addr[4] = { 10, 1, 0, 30 }, zero[6] = { 0 };
+	char err[512];
+	struct w w;
+
+	for (size_t bad = 1; bad < sizeof(macs) / sizeof(macs[0]); bad++) {
+		w_init(&w, "set_backends", 1);
+		w_key(&w, "backends");
+		msgpack_pack_array(&w.pk, 2);
+		for (size_t i = 0; i < 2; i++) {
+			msgpack_pack_map(&w.pk, 5);
+			w_uint(&w, "id", 30 + i);
+			w_bin(&w, "addr", addr, 4);
+			w_bin(&w, "mac", macs[i ? bad : 0], 6);
+			w_uint(&w, "state", 0);
+			w_uint(&w, "port", 0);
+		}
+		CHECK(!run(srv, &w, err, sizeof(err)), "multicast MAC %zu accepted", bad);
+		CHECK(strstr(err, "field 'backends[1].mac' must be a unicast address"),
+		      "error: %s", err);
+		CHECK(dp.b[30].state == LB_BACKEND_UNUSED, "backends[0] applied anyway");
+		check_mirror(srv, "multicast MAC");
+	}
+	w_init(&w, "set_backends", 1);
+	w_key(&w, "backends");
+	msgpack_pack_array(&w.pk, 1);
+	msgpack_pack_map(&w.pk, 5);
+	w_uint(&w, "id", 30);
+	w_bin(&w, "addr", addr, 4);
+	w_bin(&w, "mac", zero, 6);
+	w_uint(&w, "state", LB_BACKEND_DOWN);
+	w_uint(&w, "port", 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "all-zero MAC: %s", err);
+	CHECK(dp.b[30].state == LB_BACKEND_DOWN, "all-zero MAC not applied");
+	check_mirror(srv, "all-zero MAC");
+}
+
 int main(void)
 {
 	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1 };
@@ -391,6 +436,7 @@ int main(void)
 	check_mirror(srv, "base configuration");
 
 	test_failures(srv);
+	test_backend_macs(srv);
 
 	/* Fuzz: random requests built from valid pieces, some mangled, plus
 	 * plain random bytes. After each, the mirror must still agree. */

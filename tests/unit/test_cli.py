@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
 
@@ -96,3 +99,59 @@ def test_status_prints_the_status_file_or_says_why_not(tmp_path: Path) -> None:
     (tmp_path / "lab-lb.status.json").write_text('{"health": {}}\n')
     res = hpclb("status", "-c", example, "--run-dir", str(tmp_path))
     assert res.returncode == 0 and res.stdout == '{"health": {}}\n'
+
+
+EMPTY_POOL_CONFIG = """\
+appliance:
+  name: t
+  interfaces: {ingress: lo}
+  hash_key: 000102030405060708090a0b0c0d0e0f
+pools:
+  web: {backends: [{name: n1, address: 127.0.0.2}]}
+  gpu: {backends: []}
+  spare: {}
+vips:
+  - {name: www, address: 198.18.1.10, port: 80, pool: web}
+  - {name: infer, address: 198.18.1.11, port: 8000, pool: gpu}
+  - {name: infer-udp, address: 198.18.1.11, port: 8000, protocol: udp, pool: gpu}
+"""
+
+
+def test_check_warns_of_a_vip_whose_pool_is_empty(tmp_path: Path) -> None:
+    """Valid (nodes may come later), but such a VIP drops everything: a warning
+    on stderr naming the VIP and its pool, and still exit status 0. A pool no
+    VIP uses is not worth one."""
+    config = tmp_path / "empty.yaml"
+    config.write_text(EMPTY_POOL_CONFIG)
+    for extra in (["--schema-only"], []):
+        res = hpclb("check", *extra, "-c", str(config))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith(f"{config}: "), res.stdout
+        warnings = res.stderr.splitlines()
+        assert warnings == [
+            f"{config}: warning: VIP 'infer' (198.18.1.11:8000/tcp): pool 'gpu' has no "
+            "backend; its traffic is dropped until one is added",
+            f"{config}: warning: VIP 'infer-udp' (198.18.1.11:8000/udp): pool 'gpu' has no "
+            "backend; its traffic is dropped until one is added",
+        ], res.stderr
+    config.write_text(EMPTY_POOL_CONFIG.replace("pool: gpu}", "pool: web}"))
+    res = hpclb("check", "--schema-only", "-c", str(config))
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
+def test_run_logs_the_empty_pool_warning_at_start_and_reload(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`hpclb run` logs the same lines wherever it reads a configuration (start
+    and reload call warn_empty_pools, next to warn_small_rings)."""
+    import inspect
+
+    from hpclb import controller
+    from hpclb.config import parse_config
+
+    with caplog.at_level(logging.WARNING, logger="hpclb.controller"):
+        controller.warn_empty_pools(parse_config(EMPTY_POOL_CONFIG))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 2 and all("pool 'gpu' has no backend" in line for line in lines)
+    assert "VIP 'infer' " in lines[0] and "VIP 'infer-udp' " in lines[1]
+    source = inspect.getsource(controller.Controller)
+    assert source.count("warn_empty_pools(") == source.count("warn_small_rings(") == 2

@@ -11,8 +11,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpclb import config
 from hpclb.config import (
+    LB_MAX_BACKENDS,
     LB_MAX_VIPS,
+    MAX_CONFIG_BYTES,
     BackendState,
     ConfigError,
     HpclbConfig,
@@ -352,3 +355,97 @@ def test_services_default_to_the_management_address() -> None:
     cfg = parse_config(services("", "bind: 'tcp://10.0.0.6:7000'"), "s.yaml")
     assert cfg.telemetry is not None
     assert cfg.telemetry.endpoint(cfg.appliance.management_address) == "tcp://10.0.0.6:7000"
+
+
+def many_backends(n: int, per_pool: int = 256) -> str:
+    """A configuration of n backends (name, address, weight, MAC) in pools of
+    per_pool, each pool behind a VIP of its own."""
+    out = [BASE.split("pools:")[0].replace("    egress: [eth1]\n", ""), "pools:\n"]
+    pools = (n + per_pool - 1) // per_pool
+    for p in range(pools):
+        out.append(f"  p{p}:\n    backends:\n")
+        for i in range(p * per_pool, min(n, (p + 1) * per_pool)):
+            out.append(f"      - {{name: cn{i}, address: 10.1.{i >> 8}.{i & 255}, weight: 2, "
+                       f"mac: '02:00:00:00:{i >> 8:02x}:{i & 255:02x}'}}\n")
+    out.append("vips:\n")
+    out += [f"  - {{name: v{p}, address: 198.18.1.{p + 1}, port: 80, pool: p{p}}}\n"
+            for p in range(pools)]
+    return "".join(out)
+
+
+def test_a_configuration_at_the_backend_limit_loads(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(many_backends(LB_MAX_BACKENDS))
+    cfg = load_config(path)
+    backends = [b for pool in cfg.pools.values() for b in pool.backends]
+    assert len(backends) == LB_MAX_BACKENDS == 4096
+    assert backends[-1].name == "cn4095" and backends[-1].mac == "02:00:00:00:0f:ff"
+    assert len(cfg.vips) == 16
+    # ... and one over it is refused, on the line of the pool that has one too many
+    message = error(many_backends(LB_MAX_BACKENDS + 1), "big.yaml")
+    assert message == f"big.yaml:8:1: pools: 4097 backends, at most {LB_MAX_BACKENDS}", message
+
+
+def test_an_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    text = many_backends(16)
+    padded = text + "#" * (MAX_CONFIG_BYTES - len(text)) + "\n"  # one byte too many
+    path = tmp_path / "huge.yaml"
+    path.write_text(padded)
+    limit = f"over the limit of {MAX_CONFIG_BYTES} bytes (4 MiB)"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: configuration too large: {MAX_CONFIG_BYTES + 1} bytes, {limit}")
+    assert error(padded, "t.yaml") == (
+        f"t.yaml: configuration too large: {MAX_CONFIG_BYTES + 1} bytes, {limit}")
+    # a multi-byte character counts for its bytes
+    assert "too large" in error(text + "#" + "é" * (MAX_CONFIG_BYTES // 2))
+    # what is not a regular file is read no further than the limit
+    with pytest.raises(ConfigError) as info:
+        load_config("/dev/zero")
+    assert str(info.value) == f"/dev/zero: configuration too large: {limit}"
+    path.write_text(padded[:MAX_CONFIG_BYTES - 1] + "\n")  # at the limit: parsed
+    assert len(load_config(path).pools) == 1
+
+
+def _outcome(text: str, fast: bool) -> str:
+    saved = config._FastLoader
+    if not fast:
+        config._FastLoader = None
+    try:
+        return parse_config(text, "f.yaml").model_dump_json()
+    except ConfigError as exc:
+        return "refused:" + "\n".join(f"{i.line}:{i.path}" for i in exc.issues)
+    finally:
+        config._FastLoader = saved
+
+
+@pytest.mark.skipif(config._FastLoader is None, reason="PyYAML without libyaml")
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_libyaml_and_the_reference_loader_agree(data: st.DataObject) -> None:
+    """libyaml parses; the pure-Python loader is the reference, which reports
+    YAML errors and judges any text with a tab. A file one accepts the other
+    accepts alike, and one it refuses the other refuses, with the same lines
+    and fields unless libyaml reads as YAML what PyYAML refuses as broken."""
+    text = BASE
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        j = data.draw(st.integers(i, min(len(text), i + 8)))
+        noise = data.draw(st.text("-:{}[]&*!|>'\"# \t\n0123456789abx<", max_size=6))
+        text = text[:i] + noise + text[j:]
+    fast, reference = _outcome(text, True), _outcome(text, False)
+    if not reference.startswith("refused:") or "\t" in text:
+        assert fast == reference
+    else:
+        assert fast.startswith("refused:"), text
+
+
+def test_aliases_merge_keys_and_duplicates_on_either_loader() -> None:
+    merged = BASE.replace(
+        "      - name: b1\n", "      - <<: {weight: 3, name: x}\n        name: b1\n"
+    ).replace("      - name: b2\n", "      - &b2\n        name: b2\n")
+    duplicated = edit(3, "  name: gw2")
+    broken_alias = merged.replace("        weight: 1\n", "        weight: 1\n        <<: *nope\n")
+    for text in (merged, duplicated, broken_alias, BASE.replace(" 8080", " 8080\t# tab")):
+        assert _outcome(text, True) == _outcome(text, False), text

@@ -414,6 +414,11 @@ def test_set_backend_state(configured: Client) -> None:
     assert 5 not in {b["id"] for b in c.call("dump")["backends"]}
     c.call("set_backends", backends=[backend(5, state=0, port=0)])
     assert backend(5, state=0, port=0) in c.call("dump")["backends"]
+    # A backend whose MAC is not known yet: all zeros, down (the controller's
+    # NO_MAC). Unlike a multicast MAC (BAD below), accepted.
+    unknown = {**backend(6, state=2), "mac": bytes(6)}
+    c.call("set_backends", backends=[unknown])
+    assert unknown in c.call("dump")["backends"]
 
 
 @needs_root
@@ -455,6 +460,7 @@ def test_stats(configured: Client) -> None:
 V = {"v": 1}
 GOOD_VIP = {**V, "op": "set_vip", "vip_id": 7, "addr": bytes([10, 0, 0, 9]), "port": 443,
             "proto": 6, "mode": 0}
+MULTICAST = bytes.fromhex("01005e0000fb")  # what the configuration refuses too
 GOOD_BACKENDS = {**V, "op": "set_backends", "backends": [backend(20), backend(21)]}
 
 
@@ -512,6 +518,10 @@ BAD: list[tuple[Any, str]] = [
      "field 'backends[1]' must be a map"),
     ({**V, "op": "set_backends", "backends": [{**backend(20), "mac": bytes(5)}]},
      "field 'backends[0].mac' must be bin of 6"),
+    ({**V, "op": "set_backends", "backends": [backend(20), {**backend(21), "mac": MULTICAST}]},
+     "field 'backends[1].mac' must be a unicast address, 01:00:5e:00:00:fb has the multicast"),
+    ({**V, "op": "set_backends", "backends": [{**backend(20), "mac": b"\xff" * 6}]},
+     "field 'backends[0].mac' must be a unicast address"),
     ({**V, "op": "set_backends", "backends": [{**backend(20), "state": 4}]},
      "field 'backends[0].state' out of range"),
     ({**V, "op": "set_backends", "backends": [{**backend(20), "port": 2}]},
