@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Probe scale: N endpoints on loopback at a fixed interval, the prober on one core.
 
-A benchmark, not a test (DESIGN.md): it writes JSON and asserts nothing. For each
+A benchmark, not a test (docs/ARCHITECTURE.md, Test strategy): it writes JSON and
+asserts nothing. For each
 kind (icmp, tcp) a fresh worker process pinned to one CPU runs a HealthChecker
 over N loopback addresses (127.1.0.1, 127.1.0.2, ...: every 127/8 address answers
 ICMP; for TCP one listener on 0.0.0.0, in its own process on another CPU when

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reaction time: node telemetry received -> ring patch applied in the data plane,
-and ring slots a single weight step touches against the minimum (issue 4, Numbers).
+and ring slots a single weight step touches against the minimum.
 
-A benchmark, not a test (DESIGN.md): it writes JSON and asserts nothing. Needs root
+A benchmark, not a test (docs/ARCHITECTURE.md, Test strategy): it writes JSON and
+asserts nothing. Needs root
 (a scratch network namespace and the XDP daemon).
 
 The real control-plane path, in this process: a ``Controller`` (driven by its own

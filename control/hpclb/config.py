@@ -281,7 +281,8 @@ class BackendConfig(_Strict):
 class PoolConfig(_Strict):
     weights: WeightsMode = WeightsMode.STATIC
     # The pool's weight formula and dynamics (dynamic pools; slow_start_s applies
-    # to static pools too): a GPU pool sets gpu > 0 (SOURCE.md's hybrid sharding).
+    # to static pools too): a GPU pool sets gpu > 0 (hybrid sharding: GPU nodes
+    # weighed by their free GPU memory too).
     policy: WeightPolicy = Field(default_factory=WeightPolicy)
     # Health probe of every backend of the pool; none: only the admin state and
     # (with an agent) missed heartbeats take a backend out.

@@ -28,7 +28,7 @@ the veth *peer* (``v-lb`` in ``{p}-br``), which only exists while that peer runs
   construction): frames are delivered at once. This is the one to use.
 
 The lab still turns GRO on for ``v-lb`` by default (``peer_gro``): harmless, and it keeps
-the ring in place across an XDP_PASS detach/attach. DESIGN.md's testbed note that GRO
+the ring in place across an XDP_PASS detach/attach. The testbed's known trap that GRO
 alone suffices does not hold on this kernel.
 
 TX checksum offload is off on every sender's ``eth0``: a veth hands partial checksums
@@ -362,7 +362,7 @@ class Lab:
                 # Appliance: accepts what XDP passes. Backends: answer from the VIP (DSR).
                 for vip in self.vips:
                     ipr.addr("add", index=lo, address=vip, prefixlen=32)
-        # Partial checksums would survive XDP forwarding and be dropped (DESIGN.md).
+        # Partial checksums would survive XDP forwarding and be dropped by the receiver.
         self.ethtool(ns, ETH, tx="off")
 
     def _host_sysctls(self, role: str) -> dict[str, str]:

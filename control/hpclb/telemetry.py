@@ -1,4 +1,4 @@
-"""The node agent's telemetry message (DESIGN.md contract 4), version 1, in msgpack.
+"""The node agent's telemetry message (docs/ARCHITECTURE.md, Contracts), version 1, in msgpack.
 
     payload = encode(TelemetryMessage(...))          # agent side
     msg = decode(payload)                            # raises TelemetryError

@@ -1,4 +1,5 @@
-"""Telemetry + health -> backend weights (SOURCE.md point 2), pure and deterministic.
+"""Telemetry + health -> backend weights, pure and deterministic (the default
+formula: 40% CPU, 30% memory, 30% network).
 
 The pipeline per node, in this order:
 
@@ -83,7 +84,7 @@ class GpuSample:
 
 @dataclass(frozen=True, slots=True)
 class NodeSample:
-    """One telemetry message of a node's agent (DESIGN.md contract 4), normalised.
+    """One telemetry message of a node's agent (docs/ARCHITECTURE.md, Contracts), normalised.
 
     ``cpu_load`` is ``1 - idle`` in 0..1; memory in any unit as long as used and
     total share it; ``rtt_ms`` is the probe's round trip, ``None`` when the probe

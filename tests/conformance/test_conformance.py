@@ -2,7 +2,7 @@
 
 Each case drives the harness, which sends every frame to the model and to the
 data plane under test and fails on the first byte they disagree on. The
-asserts written here are the semantics themselves (DESIGN.md), checked on the
+asserts written here are the semantics themselves (docs/ARCHITECTURE.md), checked on the
 model's verdicts, which the data plane just matched.
 """
 

@@ -1,4 +1,4 @@
-"""Lab end-to-end: weights follow the backends (issue 4, item 6), on both data planes.
+"""Lab end-to-end: weights follow the backends , on both data planes.
 
 Client, appliance and three backends in network namespaces, as in test_e2e. Each
 backend's server runs in a cgroup v1 of its own (cpu, cpuacct, memory; a CPU quota

@@ -1,4 +1,5 @@
-"""The telemetry message (DESIGN.md contract 4): round trip, strict structure, lenient values.
+"""The telemetry message (docs/ARCHITECTURE.md, Contracts): round trip, strict
+structure, lenient values.
 
 Structure is rejected at decode with one exception type and a reason per family;
 garbage *values* (NaN, negative, a ratio above 1) pass decode and are rejected,

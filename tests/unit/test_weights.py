@@ -1,6 +1,6 @@
 """Telemetry + health -> weights: formula, outliers, dynamics, health, determinism.
 
-Hand-computed cases pin the formula of SOURCE.md point 2; one test per rejection
+Hand-computed cases pin the default weight formula; one test per rejection
 reason checks that the last good value survives a bad sample; the dynamics (EWMA,
 hysteresis, rate limit, slow start) are checked with the other stages switched off
 where they would blur the one under test; hypothesis checks the grid and that two

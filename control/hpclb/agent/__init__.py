@@ -35,7 +35,7 @@ log = logging.getLogger("hpclb.agent")
 
 
 def adaptive_interval(base: float, load: float, lo: float, hi: float) -> float:
-    """SOURCE.md point 8: ``base x (1 + load^2)`` bounded to ``[lo, hi]``.
+    """The report interval: ``base x (1 + load^2)`` bounded to ``[lo, hi]``.
 
     A busy node reports less often (less monitoring overhead where it hurts); an
     idle one at ``base``. A load that is not a ratio (NaN, out of range) is taken

@@ -1,7 +1,7 @@
 """GPUs through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
-Per GPU: memory used/total, utilisation, and the NUMA node it hangs off (SOURCE.md
-point 9: prefer the GPU on the data's NUMA node). NVML has no reliable NUMA call on
+Per GPU: memory used/total, utilisation, and the NUMA node it hangs off (the
+scheduler prefers the GPU on the data's NUMA node). NVML has no reliable NUMA call on
 every driver, so the node comes from the PCI device in sysfs, like ``nvidia-smi
 topo -m`` shows it.
 

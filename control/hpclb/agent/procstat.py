@@ -1,7 +1,7 @@
 """Host CPU load and memory, read the way ``mpstat 1`` and ``free`` read them.
 
 * CPU load over an interval is ``1 - (idle + iowait) / total`` of the ``cpu`` line
-  deltas of ``/proc/stat`` (SOURCE.md point 2's ``1 - idle/100``; iowait is idle
+  deltas of ``/proc/stat`` (the classic ``1 - idle/100``; iowait is idle
   time spent waiting, which mpstat shows apart but which a new job could use).
 * Memory used is ``MemTotal - MemAvailable`` of ``/proc/meminfo`` (what ``free``
   of procps-ng 4 prints as used): page cache the kernel can drop is not "used".

@@ -6,7 +6,7 @@ that cannot run on a node is simply not created (:func:`available_sources`); one
 that fails while running loses its figures for that message only (the collector
 logs it once), it never stops the heartbeat.
 
-The first ones are for persistent memory (SOURCE.md point 10):
+The first ones are for persistent memory:
 
 * :class:`PmemBandwidth` reads the media read/write counters of every PMem module
   through ``ipmctl show -dimm -performance`` and reports bytes per second between

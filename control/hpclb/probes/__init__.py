@@ -1,4 +1,4 @@
-"""Health probes of the control plane (issue 4, item 2).
+"""Health probes of the control plane .
 
 ``HealthChecker`` probes backends with ICMP echo (one shared socket), TCP connect
 or HTTP GET on a per-backend schedule (``ProbeScheduler``), turns results into

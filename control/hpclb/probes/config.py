@@ -1,7 +1,7 @@
 """Per-pool probe configuration (pydantic), to be embedded by ``hpclb.config``.
 
 Defaults follow the source article and the usual balancers: a probe every 5 s
-(SOURCE.md point 5), up after 2 successes and down after 3 failures in a row
+(the usual load-balancer defaults), up after 2 successes and down after 3 failures in a row
 (HAProxy's and keepalived's rise/fall), and route-flap damping in the manner of
 BGP (RFC 2439) scaled from minutes to seconds.
 

@@ -9,7 +9,7 @@ reply without the token cannot pass for an answer. Anything that does not parse
 or does not match is dropped and counted (:attr:`IcmpPinger.counters`), never
 raised.
 
-IPv4 only for now, like the data planes (DESIGN.md).
+IPv4 only for now, like the data planes.
 """
 
 from __future__ import annotations
