@@ -541,14 +541,14 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpclb.dataplane.dpdk import find_dpdk_forwarder
-    from hpclb.lab import Lab
+    from hpclb.lab import Lab, default_pass_obj
     from hpclb.labrun import LAB_PORT
 
     if os.geteuid() != 0:
         print("needs root (network namespaces, hugepages, AF_XDP)", file=sys.stderr)
         return 2
-    # One binary for every variant (this checkout's build, whatever control plane runs).
-    os.environ.setdefault("HPCLB_DPDK_BIN", str(REPO / "dataplane/build/dpdk/hpclb-dpdk"))
+    # One binary for every variant (the install manifest's, or $HPCLB_DPDK_BIN:
+    # a baseline revision's control plane may look for it elsewhere).
     os.environ["HPCLB_DPDK_BIN"] = find_dpdk_forwarder()
     result: dict[str, Any] = {
         "conditions": {
@@ -568,7 +568,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             variants = {f"baseline_{args.baseline}": baseline_tree(args.baseline, tmp),
                         "working_tree": args.control}
         lab = stack.enter_context(Lab(prefix=f"r{uuid.uuid4().hex[:6]}", backends=2,
-                                      peer_xdp_pass=REPO / "dataplane/build/pass.bpf.o"))
+                                      peer_xdp_pass=default_pass_obj()))
         lab.start_backends(LAB_PORT, udp=True)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hlbr-")))
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}

@@ -30,19 +30,19 @@ import subprocess
 import tempfile
 import time
 import uuid
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Template
 
+from hpclb import install
 from hpclb.dataplane import dpdk_telemetry
 from hpclb.dataplane.bpf_testrun import PinnedXdpProgram
 from hpclb.lab import Lab
 from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "dataplane" / "build"
-TRAFGEN_TEMPLATE = REPO / "perf" / "trafgen_udp64.cfg.j2"
+TRAFGEN_TEMPLATE = "templates/trafgen_udp64.cfg.j2"  # package data of hpclb
 
 
 def _xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
@@ -107,7 +107,8 @@ def _program_cost_ns(pin: str, frame: bytes, repeat: int = 1_000_000) -> float:
 
 def _reflect_cost_ns(frame: bytes) -> float:
     pin = f"/sys/fs/bpf/hpclb-bench-reflect-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["bpftool", "prog", "load", str(BUILD / "reflect.bpf.o"), pin, "type", "xdp"],
+    obj = install.find("reflect.bpf.o")
+    subprocess.run(["bpftool", "prog", "load", str(obj), pin, "type", "xdp"],
                    check=True, capture_output=True)
     try:
         return _program_cost_ns(pin, frame)
@@ -168,15 +169,16 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
     with tempfile.TemporaryDirectory(prefix="hpclb-bench-") as tmp, \
             Lab(prefix=f"bn{uuid.uuid4().hex[:6]}", backends=3) as lab:
         workdir = Path(tmp)
-        lab.attach_xdp_pass(lab.peer("lb"), BUILD / "sink.bpf.o")
+        reflect_obj = install.find("reflect.bpf.o")
+        lab.attach_xdp_pass(lab.peer("lb"), install.find("sink.bpf.o"))
         cfg = workdir / "udp64.cfg"
-        cfg.write_text(Template(TRAFGEN_TEMPLATE.read_text()).render(
+        cfg.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
             dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
             dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=flows,
         ))
         frame = _udp_frame(lab, 40000)
         for n in range(trials):
-            lab.attach_xdp("lb", "eth0", BUILD / "reflect.bpf.o")
+            lab.attach_xdp("lb", "eth0", reflect_obj)
             results["reflect"].append(_settled_trial(lab, cfg, seconds, None))
             lab.detach_xdp("lb", "eth0")
             for kind in ("xdp", "dpdk"):

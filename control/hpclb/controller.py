@@ -87,6 +87,9 @@ ALARM_HOLD_S = 10.0
 
 # Maglev (NSDI 2016) advises a table at least 100 times the backend count.
 SLOTS_PER_BACKEND_ADVISED = 100
+# Without the C Maglev fill, a configuration whose rings take longer than
+# this to rebuild in Python is refused (check_maglev_fill).
+PYTHON_FILL_MAX_S = PUSH_INTERVAL_S
 
 _STATE = {
     AdminState.UP: BackendState.UP,
@@ -118,6 +121,30 @@ def warn_small_rings(config: HpclbConfig) -> None:
                 "Maglev moves more flows than needed when a backend leaves; raise "
                 "appliance.ring_size", name, len(pool.backends), ring_size,
                 SLOTS_PER_BACKEND_ADVISED)
+
+
+def check_maglev_fill(config: HpclbConfig) -> None:
+    """Without the C Maglev fill (libhpclb_maglev.so), rings are filled in
+    Python: one loud warning naming the cost, or StartError when rebuilding
+    every pool's ring would take longer than the interval between weight
+    pushes (the loop would fall behind its own pushes and probes)."""
+    missing = maglev.c_fill_missing()
+    if missing is None:
+        return
+    size = config.appliance.ring_size
+    costs = {name: maglev.python_fill_estimate_s(len(config.pools[name].backends), size)
+             for name in {v.pool for v in config.vips}}
+    total = sum(costs.values())
+    worst = max(costs, key=lambda name: costs[name], default=None)
+    cost = (f"rebuilding this configuration's rings takes ~{total * 1e3:.0f} ms"
+            + ("" if worst is None else
+               f" (largest: pool {worst}, {len(config.pools[worst].backends)} backends on "
+               f"{size} slots, ~{costs[worst] * 1e3:.0f} ms)")
+            + ", at start and at every weight change")
+    if total > PYTHON_FILL_MAX_S:
+        raise StartError(f"Maglev fill in Python, 4-30x slower than in C: {cost}, over "
+                         f"the {PYTHON_FILL_MAX_S:g} s allowed; {missing}")
+    log.warning("Maglev fill in Python, 4-30x slower than in C: %s; %s", cost, missing)
 
 
 def warn_empty_pools(config: HpclbConfig) -> None:
@@ -329,6 +356,7 @@ class Controller:
         """Acquire and check everything ``config`` needs; change nothing in
         force. Raises (ConfigError, StartError, OSError...) after releasing
         what it acquired."""
+        check_maglev_fill(config)
         check_host(config, str(self.config_path))
         dataplane_argv(config, self.choice)  # renders (and finds the binary)
         plan = self.monitors.prepare(config)

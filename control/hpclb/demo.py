@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hpclb.lab import DEFAULT_PASS_OBJ, Lab
+from hpclb.lab import Lab, default_pass_obj
 from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
 
 WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 2.0}
@@ -32,7 +32,7 @@ def _table(title: str, weights: dict[str, float], report: dict) -> None:
 
 def run_demo(connections: int = 600, dataplane: str = "xdp") -> int:
     with tempfile.TemporaryDirectory(prefix="hpclb-demo-") as tmp, \
-            Lab(prefix="hlbdemo", backends=3, peer_xdp_pass=DEFAULT_PASS_OBJ,
+            Lab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
                 replace_stale=True) as lab:
         print(f"lab up: client {lab.ip_of('cli')}, appliance {lab.ip_of('lb')}, "
               f"backends {', '.join(lab.ip_of(f'b{i}') for i in (1, 2, 3))}, "

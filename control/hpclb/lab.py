@@ -67,6 +67,7 @@ from typing import IO, Any
 
 from pyroute2 import NetNS, netns
 
+from hpclb import install
 from hpclb.agent.cgroup import parse_mountinfo
 from hpclb.dataplane.supervisor import stop_child
 
@@ -84,8 +85,6 @@ IFNAMSIZ = 15
 # never share a bridge, so they can reuse them.
 MAC_FMT = "02:48:4c:00:00:{:02x}"
 
-# Built by dataplane/Makefile; pass it as peer_xdp_pass= or to attach_xdp_pass().
-DEFAULT_PASS_OBJ = Path(__file__).resolve().parents[2] / "dataplane" / "build" / "pass.bpf.o"
 
 _ROLE_RE = r"(br|cli|lb|b[0-9]+)"
 # Lab cgroups (v1): the controllers a backend's load is measured with, and the name
@@ -98,6 +97,12 @@ _PYTHONPATH = str(Path(__file__).resolve().parents[1])  # .../control, for labno
 
 class LabError(RuntimeError):
     """The lab could not be built or a lab operation failed."""
+
+
+def default_pass_obj() -> Path:
+    """The data plane's build of the XDP_PASS program (``pass.bpf.o``, found
+    through install.py); pass it as ``peer_xdp_pass=`` or to ``attach_xdp_pass()``."""
+    return install.find("pass.bpf.o")
 
 
 def backend_ip(i: int) -> str:
@@ -532,7 +537,7 @@ class Lab:
         """Attach an XDP_PASS program to a bridge-side veth (``peer("lb")`` = ``v-lb``).
 
         What makes XDP_TX from the appliance's eth0 reach the bridge (module doc);
-        ``DEFAULT_PASS_OBJ`` is the data plane's build of it.
+        ``default_pass_obj()`` is the data plane's build of it.
         """
         if not Path(obj_path).is_file():
             raise LabError(f"no BPF object at {obj_path}")

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from hpclb.lab import DEFAULT_PASS_OBJ, Lab
+from hpclb.lab import Lab, default_pass_obj
 from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
 
 pytestmark = [
@@ -44,7 +44,7 @@ SECOND_VIP = "198.18.1.11"
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     with Lab(prefix=f"d{uuid.uuid4().hex[:6]}", backends=2, vips=(LAB_VIP, SECOND_VIP),
-             peer_xdp_pass=DEFAULT_PASS_OBJ) as lab:
+             peer_xdp_pass=default_pass_obj()) as lab:
         lab.start_backends(LAB_PORT, udp=True)
         yield lab
 

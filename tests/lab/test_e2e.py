@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from hpclb.flowhash import flow_slot
-from hpclb.lab import DEFAULT_PASS_OBJ, Lab
+from hpclb.lab import Lab, default_pass_obj
 from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
 
 pytestmark = pytest.mark.skipif(
@@ -36,7 +36,7 @@ WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 2.0}
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     with Lab(prefix=f"e{uuid.uuid4().hex[:6]}", backends=3,
-             peer_xdp_pass=DEFAULT_PASS_OBJ) as lab:
+             peer_xdp_pass=default_pass_obj()) as lab:
         lab.start_backends(LAB_PORT, udp=True)
         yield lab
 

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from hpclb.controller import PUSH_INTERVAL_S
-from hpclb.lab import DEFAULT_PASS_OBJ, Lab, cgroup_controllers_missing
+from hpclb.lab import Lab, cgroup_controllers_missing, default_pass_obj
 from hpclb.labrun import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
 
 from .conftest import Keys
@@ -70,7 +70,7 @@ SLACK_S = 3.0
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     with Lab(prefix=f"w{uuid.uuid4().hex[:6]}", backends=3,
-             peer_xdp_pass=DEFAULT_PASS_OBJ) as lab:
+             peer_xdp_pass=default_pass_obj()) as lab:
         for i, name in enumerate(BACKENDS, 1):
             lab.create_cgroup(name, cpu_quota=CPU_QUOTA, memory_limit=MEMORY_LIMIT)
             lab.start_backend(i, LAB_PORT, udp=True, cgroup=name)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclb import maglev
+from hpclb import install, maglev
 from hpclb.dataplane import dpdk_telemetry, exception_path
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
@@ -294,7 +294,7 @@ def test_the_kernel_gives_up_the_vips_silently_and_gets_them_back(
 
 def test_a_stale_af_xdp_program_is_detached(netns: str) -> None:
     """Generic (d0) or native (d1, as a killed AF_XDP port leaves it on a veth)."""
-    obj = Path(__file__).resolve().parents[2] / "dataplane/build/pass.bpf.o"
+    obj = install.find("pass.bpf.o")
     for dev, mode in (("d0", "xdpgeneric"), ("d1", "xdpdrv")):
         sh("ip", "-n", netns, "link", "set", "dev", dev, mode, "obj", str(obj), "sec", "xdp")
         assert "prog/xdp" in sh("ip", "-n", netns, "link", "show", "dev", dev)

@@ -35,6 +35,7 @@ import msgpack
 import pytest
 import zmq
 
+from hpclb import install
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
     DpdkPort,
@@ -44,7 +45,11 @@ from hpclb.dataplane.dpdk import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-DAEMON = Path(os.environ.get("HPCLB_XDP_BIN") or REPO / "dataplane/build/hpclb-xdp")
+try:
+    DAEMON: Path | None = install.find("hpclb-xdp")
+    _NO_DAEMON = ""
+except install.MissingBuildOutput as err:
+    DAEMON, _NO_DAEMON = None, str(err)
 VALGRIND_SUPP = Path(__file__).with_name("valgrind-bpf.supp")
 USE_VALGRIND = os.environ.get("HPCLB_TEST_VALGRIND") == "1"
 
@@ -67,8 +72,8 @@ NBACKENDS = 10
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root: network namespaces, bpffs and BPF maps"
-    if not os.access(DAEMON, os.X_OK):
-        return f"{DAEMON} not built: run make -C dataplane"
+    if DAEMON is None:
+        return _NO_DAEMON
     if shutil.which("ip") is None:
         return "needs iproute2 (ip)"
     if USE_VALGRIND and shutil.which("valgrind") is None:

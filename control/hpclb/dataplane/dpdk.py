@@ -15,7 +15,7 @@ from typing import Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from hpclb.dataplane.supervisor import find_binary
+from hpclb import install
 
 PortDriver = Literal["af_xdp", "af_packet", "pci"]
 HUGEPAGE_SYSFS = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
@@ -23,7 +23,8 @@ _PCI_ADDR = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def find_dpdk_forwarder() -> str:
-    return find_binary("hpclb-dpdk", "HPCLB_DPDK_BIN", "dataplane/build/dpdk/hpclb-dpdk")
+    """``hpclb-dpdk``: $HPCLB_DPDK_BIN, else the install manifest (install.py)."""
+    return str(install.find("hpclb-dpdk"))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -36,27 +35,16 @@ from typing import Any
 import msgpack
 import zmq
 
+from hpclb import install
 from hpclb.dataplane.client import DataplaneClient, DataplaneError, DataplaneTimeout
 from hpclb.dataplane.tables import PROTOCOL_VERSION
 
 log = logging.getLogger("hpclb.supervisor")
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def find_binary(name: str, env_var: str, build_path: str) -> str:
-    """A data-plane binary: $ENV_VAR, the source tree's build, or $PATH."""
-    for path in (os.environ.get(env_var), str(REPO_ROOT / build_path)):
-        if path and os.access(path, os.X_OK):
-            return path
-    found = shutil.which(name)
-    if found:
-        return found
-    raise FileNotFoundError(f"{name} not found: run ./bootstrap (make -C dataplane)")
-
 
 def find_xdp_daemon() -> str:
-    return find_binary("hpclb-xdp", "HPCLB_XDP_BIN", "dataplane/build/hpclb-xdp")
+    """``hpclb-xdp``: $HPCLB_XDP_BIN, else the install manifest (install.py)."""
+    return str(install.find("hpclb-xdp"))
 
 
 Hook = Callable[[], None]
