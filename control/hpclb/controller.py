@@ -59,6 +59,7 @@ from hpclb.dataplane.tables import (
     TableSet,
     Vip,
 )
+from hpclb.events import ProbeVerdict, TelemetryArrived
 from hpclb.live_weights import LiveWeights, Member
 from hpclb.monitoring import MonitorPlan, Monitors
 from hpclb.neighbours import NeighbourError, resolve_mac
@@ -458,11 +459,11 @@ class Controller:
         urgent = False
         mono, wall = time.monotonic(), time.time()
         for event in self.monitors.drain():
-            if event[0] == "probe":
-                t = event[1]
+            if isinstance(event, ProbeVerdict):
+                t = event.transition
                 urgent |= self.live.probe(t.backend, t.up, t.reason, t.time) is not None
-            elif event[0] == "telemetry":
-                msg, mono, wall = event[1], event[2], event[3]
+            elif isinstance(event, TelemetryArrived):
+                msg, mono, wall = event.msg, event.mono, event.wall
                 _, change = self.live.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
                 urgent |= change is not None
                 self._weights_due = True

@@ -6,10 +6,10 @@ probes leave from there and the telemetry receiver binds there, where the
 agents on the backends' network reach the appliance (in the lab, its address
 198.18.0.3 exists only inside the appliance namespace).
 
-Events: ``("probe", Transition)`` and ``("telemetry", TelemetryMessage,
-monotonic, wall)``, stamped when the receiver took the message. The node id
-of a telemetry message has already been checked against the CURVE key that
-sent it (telemetry_receiver).
+Events (hpclb.events): ``ProbeVerdict`` and ``TelemetryArrived``, the latter
+stamped when the receiver took the message. The node id of a telemetry
+message has already been checked against the CURVE key that sent it
+(telemetry_receiver).
 
 Configuration changes are transactions (:meth:`Monitors.prepare`, then
 :meth:`Monitors.commit` or :meth:`Monitors.abort`): everything a new
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpclb.config import HpclbConfig, TelemetryConfig
+from hpclb.events import Event, TelemetryArrived
 from hpclb.probe_thread import ProbeThread, Targets
 from hpclb.telemetry import TelemetryMessage
 from hpclb.telemetry_receiver import (
@@ -83,13 +84,13 @@ class Monitors:
     def __init__(self, wake: threading.Event, netns: str | None = None) -> None:
         self.wake = wake
         self.netns = netns
-        self.events: queue.Queue[Any] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue()
         self.probes: ProbeThread | None = None
         self.telemetry: ReceiverThread | None = None
         self._receiver_settings: tuple[Any, ...] | None = None
 
     def _on_message(self, msg: TelemetryMessage, identity: AgentIdentity) -> None:
-        self.events.put(("telemetry", msg, time.monotonic(), time.time()))
+        self.events.put(TelemetryArrived(msg, time.monotonic(), time.time()))
         self.wake.set()
 
     # --- configuration, as a transaction ------------------------------------
@@ -176,8 +177,8 @@ class Monitors:
 
     # --- what the controller reads ------------------------------------------
 
-    def drain(self) -> list[Any]:
-        out = []
+    def drain(self) -> list[Event]:
+        out: list[Event] = []
         for _ in range(MAX_DRAIN):
             try:
                 out.append(self.events.get_nowait())

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from hpclb.events import ProbeVerdict
 from hpclb.netns import enter_netns
 from hpclb.probes import HealthChecker, ProbeConfig, ProbeOutcome, Transition
 
@@ -124,7 +125,7 @@ class ProbeThread:
             self._refresh_soon = loop.call_later(delay, self._refresh)
 
     def _on_transition(self, t: Transition) -> None:
-        self.events.put(("probe", t))
+        self.events.put(ProbeVerdict(t))
         self.wake.set()
         self._refresh_after_change()
 

@@ -415,7 +415,7 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         thread.sync({"b": ("127.0.0.1", ProbeConfig(kind="tcp", port=port, interval_s=0.1,
                                                     rise=1, fall=1, initial="down",
                                                     damping=NO_DAMPING))})
-        _, up = events.get(timeout=WAIT)
+        up = events.get(timeout=WAIT).transition
         assert up.up
         wait_sync(lambda: thread.snapshot()["backends"]["b"]["up"])
         snap = thread.snapshot()
@@ -438,7 +438,7 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         assert stalled["at"] < t0
         # A transition after the stall is in the snapshot at once.
         lst.close()
-        _, down = events.get(timeout=WAIT)
+        down = events.get(timeout=WAIT).transition
         assert not down.up
         wait_sync(lambda: not thread.snapshot()["backends"]["b"]["up"])
         assert thread.snapshot()["backends"]["b"]["last_reason"] == "refused"
