@@ -315,6 +315,11 @@ class TelemetryConfig(_Strict):
         """The endpoint to bind: ``bind``, else the management address's port 5557."""
         return self.bind or f"tcp://{management}:{DEFAULT_TELEMETRY_PORT}"
 
+    @property
+    def bind_host(self) -> str | None:
+        """The host part of ``bind`` as written; None when it is not set."""
+        return None if self.bind is None else self.bind[len("tcp://"):].rpartition(":")[0]
+
 
 class VipConfig(_Strict):
     name: Name
@@ -362,9 +367,7 @@ class HpclbConfig(_Strict):
             add((("appliance", "management_address"), f"{management} is a VIP"))
         services: list[tuple[Loc, str | None, str]] = []
         if self.telemetry is not None:
-            bind = self.telemetry.bind
-            host = None if bind is None else bind[len("tcp://"):].rpartition(":")[0]
-            services.append((("telemetry", "bind"), host, "telemetry"))
+            services.append((("telemetry", "bind"), self.telemetry.bind_host, "telemetry"))
         if self.appliance.metrics is not None:
             services.append((("appliance", "metrics"),
                              self.appliance.metrics.rpartition(":")[0] or None, "metrics"))

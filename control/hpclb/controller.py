@@ -195,8 +195,6 @@ class Controller:
     ) -> None:
         self.config_path = config_path
         self.config = load_config(config_path)
-        warn_small_rings(self.config)
-        warn_empty_pools(self.config)
         self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
         self.keep_dataplane = keep_dataplane
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)

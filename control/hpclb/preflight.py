@@ -57,8 +57,10 @@ def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, IPv4Address]]:
     if app.management_address is not None:
         yield "appliance.management_address", app.management_address
     if config.telemetry is not None:
-        endpoint = config.telemetry.endpoint(app.management_address)
-        yield "telemetry.bind", IPv4Address(endpoint[len("tcp://"):].rpartition(":")[0])
+        host = config.telemetry.bind_host
+        addr = IPv4Address(host) if host else app.management_address
+        if addr is not None:  # the schema requires one or the other
+            yield "telemetry.bind", addr
     if app.metrics_endpoint is not None:
         yield "appliance.metrics", IPv4Address(app.metrics_endpoint[0])
 

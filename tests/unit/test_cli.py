@@ -141,8 +141,9 @@ def test_check_warns_of_a_vip_whose_pool_is_empty(tmp_path: Path) -> None:
 
 def test_run_logs_the_empty_pool_warning_at_start_and_reload(
         caplog: pytest.LogCaptureFixture) -> None:
-    """`hpclb run` logs the same lines wherever it reads a configuration (start
-    and reload call warn_empty_pools, next to warn_small_rings)."""
+    """`hpclb run` logs the same lines wherever it puts a configuration in force
+    (start and reload both commit through Controller._commit, which calls
+    warn_empty_pools next to warn_small_rings, once each)."""
     import inspect
 
     from hpclb import controller
@@ -154,4 +155,8 @@ def test_run_logs_the_empty_pool_warning_at_start_and_reload(
     assert len(lines) == 2 and all("pool 'gpu' has no backend" in line for line in lines)
     assert "VIP 'infer' " in lines[0] and "VIP 'infer-udp' " in lines[1]
     source = inspect.getsource(controller.Controller)
-    assert source.count("warn_empty_pools(") == source.count("warn_small_rings(") == 2
+    assert source.count("warn_empty_pools(") == source.count("warn_small_rings(") == 1
+    commit = inspect.getsource(controller.Controller._commit)
+    assert "warn_empty_pools(config)" in commit and "warn_small_rings(config)" in commit
+    for entry in (controller.Controller.start, controller.Controller.reload):
+        assert "self._commit(prepared)" in inspect.getsource(entry)
