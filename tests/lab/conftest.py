@@ -1,4 +1,5 @@
-"""Shared by the lab suites: CURVE keys made by `hpclb-agent keygen`."""
+"""Shared by the lab suites: both data planes as a parameter, CURVE keys made
+by `hpclb-agent keygen`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ import pytest
 import zmq.auth
 
 AGENT_NAMES = ("b1", "b2", "b3")
+
+
+@pytest.fixture(params=["xdp", "dpdk"])
+def dataplane(request: pytest.FixtureRequest) -> str:
+    """Both data planes. With DPDK, management traffic (probes, the agents'
+    telemetry, metrics) crosses the forwarder's exception path (the TAP)."""
+    return str(request.param)
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,6 @@ def lab() -> Iterator[Lab]:
         yield lab
 
 
-@pytest.fixture(params=["xdp", "dpdk"])
-def dataplane(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 METRICS_PORT = 9108
 
 # Fetches a URL; prints the body, or "ERROR <reason>" (run in a lab namespace).

@@ -84,13 +84,6 @@ def agents() -> dict[str, subprocess.Popen[str]]:
     return {}
 
 
-@pytest.fixture(params=["xdp", "dpdk"])
-def dataplane(request: pytest.FixtureRequest) -> str:
-    """Both data planes. With DPDK the probes and the agents' telemetry reach
-    the control plane through the forwarder's exception path (the TAP)."""
-    return str(request.param)
-
-
 @pytest.fixture
 def appliance(lab: Lab, keys: Keys, tmp_path: Path, dataplane: str,
               agents: dict[str, subprocess.Popen[str]]) -> Iterator[LabAppliance]:

@@ -146,11 +146,6 @@ def lab() -> Iterator[Lab]:
         yield lab
 
 
-@pytest.fixture(params=["xdp", "dpdk"])
-def dataplane(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def telemetry_section(keys: Keys) -> dict[str, Any]:
     # bind: the default, the appliance's management address (its lab address).
     return {"server_key": str(keys.secret("server")), "allow_dir": str(keys.allow),

@@ -39,6 +39,8 @@ from hpclb.probes import tcp as tcp_mod
 from hpclb.probes.http import build_request, host_header, parse_status
 from hpclb.probes.icmp import checksum, echo_request
 
+from .probe_sockets import syn_dropping_port
+
 ROOT = os.geteuid() == 0
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -378,28 +380,14 @@ def test_tcp_listening_port_is_up_closed_port_is_down() -> None:
 
 
 def test_tcp_syn_dropped_times_out() -> None:
-    # A listener that never accepts, backlog 0: once its accept queue holds one
-    # connection (the filler) the kernel drops further SYNs, so a connect can only
-    # time out.
-    lst = socket.socket()
-    lst.bind(("127.0.0.1", 0))
-    lst.listen(0)
-    port = lst.getsockname()[1]
-    filler = socket.socket()
-    try:
-        filler.settimeout(WAIT)
-        filler.connect(("127.0.0.1", port))
+    async def main(port: int) -> Any:
+        conn = TcpConnector()
+        result = await conn.connect("127.0.0.1", port, 0.3)
+        conn.close()
+        return result
 
-        async def main() -> Any:
-            conn = TcpConnector()
-            result = await conn.connect("127.0.0.1", port, 0.3)
-            conn.close()
-            return result
-
-        result = asyncio.run(main())
-    finally:
-        filler.close()
-        lst.close()
+    with syn_dropping_port() as port:
+        result = asyncio.run(main(port))
     assert result.reason == "timeout" and not result.ok
 
 

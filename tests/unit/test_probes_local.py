@@ -44,6 +44,8 @@ from hpclb.probes import (
 )
 from hpclb.probes.checker import judge
 
+from .probe_sockets import syn_dropping_port
+
 WAIT = 10.0
 NO_DAMPING = {"enabled": False}
 CHECKER_LOG = "hpclb.probes.checker"
@@ -262,23 +264,6 @@ def test_stall_rule_on_a_driven_clock() -> None:
     assert judge(outcome(refused, 100.0, 100.9, 101.0), 1.0, stalls) is refused
     ok = ProbeResult.success(1000)
     assert judge(outcome(ok, 100.0, 100.9, 101.0), 1.0, stalls) is ok
-
-
-@contextmanager
-def syn_dropping_port() -> Iterator[int]:
-    """A port whose SYNs are dropped (a full accept queue): connects time out."""
-    lst = socket.socket()
-    lst.bind(("127.0.0.1", 0))
-    lst.listen(0)
-    port = lst.getsockname()[1]
-    filler = socket.socket()
-    try:
-        filler.settimeout(WAIT)
-        filler.connect(("127.0.0.1", port))
-        yield port
-    finally:
-        filler.close()
-        lst.close()
 
 
 def test_a_timeout_taken_while_the_loop_stalled_is_unknown() -> None:

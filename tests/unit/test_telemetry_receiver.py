@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +136,24 @@ class Running:
         raise AssertionError("message never delivered")
 
 
-@pytest.fixture
-def receiver(keys: Keys) -> Iterator[Running]:
+@contextmanager
+def running(keys: Keys, **limits: Any) -> Iterator[Running]:
+    """A receiver on a free loopback port, in its thread, with these limits."""
     got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
     rx = TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret", keys.allow,
-                           lambda m, i: got.put((m, i)))
+                           lambda m, i: got.put((m, i)), **limits)
     th = ReceiverThread(rx)
     th.start()
     try:
         yield Running(th, got)
     finally:
         th.stop()
+
+
+@pytest.fixture
+def receiver(keys: Keys) -> Iterator[Running]:
+    with running(keys) as r:
+        yield r
 
 
 def test_allowed_key_is_delivered_with_its_identity(keys: Keys, receiver: Running) -> None:
@@ -479,16 +487,9 @@ def start_attack(endpoint: str, idle: int, garbage: int, seconds: float
 def abuse(keys: Keys, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
     """A receiver with small limits, so that the abuse tests are short."""
     monkeypatch.setattr(telemetry_receiver, "ALARM_HOLD_S", 1.0)
-    got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
-    rx = TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret", keys.allow,
-                           lambda m, i: got.put((m, i)), handshake_timeout_s=0.5,
-                           max_unauthenticated=64, max_rate_per_agent=1000.0)
-    th = ReceiverThread(rx)
-    th.start()
-    try:
-        yield Running(th, got)
-    finally:
-        th.stop()
+    with running(keys, handshake_timeout_s=0.5, max_unauthenticated=64,
+                 max_rate_per_agent=1000.0) as r:
+        yield r
 
 
 def test_idle_and_garbage_connections_change_nothing_but_counters(
