@@ -7,6 +7,9 @@
  * shadow copy of the configured tables, and only then applies it through the
  * data plane's ops. It never talks to a socket: the caller hands it a request
  * buffer and gets a reply buffer back, so it can be tested and fuzzed alone.
+ *
+ * lb_proto_ops.c implements it (the shadow tables, what each op does to them)
+ * over lb_proto_codec.c (the wire format and every per-field check).
  */
 #ifndef HPCLB_LB_PROTO_H
 #define HPCLB_LB_PROTO_H

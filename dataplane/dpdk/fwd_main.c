@@ -7,43 +7,37 @@
  *              [--flow-timeout S] [--netns NAME] [--idle-sleep-us N]
  *              [--numa strict|warn] [--log-level L]
  *
- * The main lcore serves the table protocol (lb_proto.c, the same server and
- * socket convention as hpclb-xdp) and registers the telemetry commands; every
- * other lcore of the EAL core list is a worker (fwd_worker.c). Tables are
- * swapped under RCU (fwd_tables.c), so serving a request never stops a
- * worker. The control plane renders the EAL options from its templates.
+ * The main lcore serves the table protocol (lb_proto_ops.c) as hpclb-xdp
+ * does, with the same options, signals and control channel (lb_daemon.c),
+ * and registers the telemetry commands; every other lcore of the EAL core
+ * list is a worker (fwd_worker.c). Tables are swapped under RCU
+ * (fwd_tables.c), so serving a request never stops a worker. The control
+ * plane renders the EAL options from its templates.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_lcore.h>
 #include <rte_malloc.h>
-#include <zmq.h>
 
 #include "fwd_ports.h"
 #include "fwd_tables.h"
 #include "fwd_telemetry.h"
 #include "fwd_worker.h"
-#include "lb_channel.h"
+#include "lb_daemon.h"
 #include "lb_host.h"
 #include "lb_log.h"
 
 #define PROG "hpclb-dpdk"
-#define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
 #define DEFAULT_FLOWS 262144      /* per worker */
 #define MAX_FLOWS_OPT (1u << 26)  /* per worker */
 #define DEFAULT_FLOW_TIMEOUT_S 300
-
-static volatile sig_atomic_t stop;
 
 /* Milliseconds from a to b (CLOCK_MONOTONIC): the start-up line's figures. */
 static double ms_between(const struct timespec *a, const struct timespec *b)
@@ -51,18 +45,11 @@ static double ms_between(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) * 1e3 + (double)(b->tv_nsec - a->tv_nsec) / 1e6;
 }
 
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
 struct opts {
+	struct lb_daemon_opts common; /* --socket, --ring-size (--log-level) */
 	struct fwd_port ports[LB_MAX_PORTS];
 	unsigned int nports;
-	const char *socket;
 	const char *netns;
-	__u32 ring_size;
 	__u32 flow_table_size;
 	__u32 flow_timeout_s;
 	__u32 idle_sleep_us;
@@ -78,7 +65,8 @@ static void usage(FILE *f)
 		"       [--log-level error|warn|info|debug]\n"
 		"DEV is a DPDK device name (net_af_xdp0, 0000:3b:00.0), TAP the net_tap vdev\n"
 		"that is its exception path to the kernel. The first --port is port 0.\n"
-		"defaults: --socket " DEFAULT_SOCKET ", --ring-size %u, --flow-table-size %u\n"
+		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
+		"--flow-table-size %u\n"
 		"          (per worker), --flow-timeout %u, --idle-sleep-us 0, --numa warn\n",
 		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S);
 }
@@ -87,22 +75,21 @@ static int parse_args(int argc, char **argv, struct opts *o)
 {
 	static const struct option lo[] = {
 		{ "port", required_argument, NULL, 'P' },
-		{ "socket", required_argument, NULL, 's' },
-		{ "ring-size", required_argument, NULL, 'r' },
+		LB_DAEMON_OPTION_SOCKET,
+		LB_DAEMON_OPTION_RING_SIZE,
 		{ "flow-table-size", required_argument, NULL, 'f' },
 		{ "flow-timeout", required_argument, NULL, 't' },
 		{ "netns", required_argument, NULL, 'n' },
 		{ "idle-sleep-us", required_argument, NULL, 'i' },
 		{ "numa", required_argument, NULL, 'N' },
-		{ "log-level", required_argument, NULL, 'l' },
+		LB_DAEMON_OPTION_LOG_LEVEL,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	int c;
+	int c, rc;
 
 	memset(o, 0, sizeof(*o));
-	o->socket = DEFAULT_SOCKET;
-	o->ring_size = LB_RING_SIZE_DEFAULT;
+	lb_daemon_opts_init(&o->common);
 	o->flow_table_size = DEFAULT_FLOWS;
 	o->flow_timeout_s = DEFAULT_FLOW_TIMEOUT_S;
 	optind = 1;
@@ -118,16 +105,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				return -1;
 			}
 			o->nports++;
-			break;
-		case 's':
-			o->socket = optarg;
-			break;
-		case 'r':
-			if (lb_parse_u32(optarg, &o->ring_size) || !lb_valid_ring_size(o->ring_size)) {
-				lb_log(LB_LOG_ERR, "--ring-size must be a prime in 3..%u, got '%s'",
-				       LB_RING_SIZE_MAX, optarg);
-				return -1;
-			}
 			break;
 		case 'f':
 			if (lb_parse_u32(optarg, &o->flow_table_size) || o->flow_table_size < 64 ||
@@ -164,24 +141,20 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			}
 			o->numa_strict = !strcmp(optarg, "strict");
 			break;
-		case 'l':
-			if (lb_log_set_level_name(optarg)) {
-				lb_log(LB_LOG_ERR, "--log-level must be error, warn, info or debug");
-				return -1;
-			}
-			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
 		default:
-			usage(stderr);
+			rc = lb_daemon_parse_opt(&o->common, c, optarg);
+			if (rc > 0)
+				break;
+			if (rc == 0)
+				usage(stderr);
 			return -1;
 		}
 	}
-	if (optind < argc) {
-		lb_log(LB_LOG_ERR, "unexpected argument '%s'", argv[optind]);
+	if (lb_daemon_check_operands(argc, argv))
 		return -1;
-	}
 	if (!o->nports) {
 		lb_log(LB_LOG_ERR, "at least one --port is required");
 		usage(stderr);
@@ -235,7 +208,7 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 		w->nports = o->nports;
 		w->port_macs = macs;
 		w->idle_sleep_us = o->idle_sleep_us;
-		w->stop = &stop;
+		w->stop = &lb_daemon_stop;
 		w->counters = ctx.counters[i];
 		snprintf(name, sizeof(name), "hpclb_flows_%u", i);
 		rc = fwd_flow_init(&w->flows, name, o->flow_table_size, timeout_tsc, socket);
@@ -260,8 +233,7 @@ int main(int argc, char **argv)
 	struct fwd_telemetry_view tview;
 	struct lb_proto_info info;
 	struct lb_config cfg;
-	struct sigaction sa;
-	void *zctx = NULL, *sock = NULL;
+	struct lb_daemon_ctl ctl = { 0 };
 	unsigned int nworkers = 0, lcore;
 	int split = split_args(argc, argv), ret = 1, eal_up = 0, ports_up = 0, rc;
 	struct timespec wall0, t0, t_eal, t_ports, t_ready;
@@ -286,12 +258,7 @@ int main(int argc, char **argv)
 	 * namespace the process is in when they probe. */
 	if (o.netns && lb_enter_netns(o.netns))
 		return 1;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal;
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGINT, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGHUP, SIG_IGN); /* only SIGTERM/SIGINT stop the forwarder */
+	lb_daemon_signals(); /* only SIGTERM/SIGINT stop the forwarder */
 
 	rc = rte_eal_init(split, argv);
 	if (rc < 0) {
@@ -320,12 +287,8 @@ int main(int argc, char **argv)
 			       "dropped", o.ports[p].data_name);
 	}
 
-	memset(&cfg, 0, sizeof(cfg));
-	cfg.ring_size = o.ring_size;
-	if (getrandom(cfg.hash_key, sizeof(cfg.hash_key), 0) != sizeof(cfg.hash_key)) {
-		lb_log(LB_LOG_ERR, "getrandom: %s", strerror(errno));
+	if (lb_daemon_initial_config(&cfg, o.common.ring_size))
 		goto out;
-	}
 	if (fwd_store_init(&ctx.store, &cfg, nworkers, o.ports[0].socket_id)) {
 		lb_log(LB_LOG_ERR, "tables: out of hugepage memory");
 		goto out;
@@ -359,9 +322,7 @@ int main(int argc, char **argv)
 		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 		goto out;
 	}
-	zctx = zmq_ctx_new();
-	sock = zctx ? lb_channel_open(zctx, o.socket) : NULL;
-	if (!sock)
+	if (lb_daemon_ctl_open(&ctl, o.common.socket))
 		goto out;
 	if (start_workers(workers, &o, lcores, nworkers, (const __u8(*)[6])macs))
 		goto out;
@@ -372,29 +333,21 @@ int main(int argc, char **argv)
 	if (fwd_telemetry_register(&tview))
 		lb_log(LB_LOG_WARN, "registering the telemetry commands failed");
 	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker",
-	       nworkers, o.nports, o.ring_size, o.flow_table_size);
-	lb_log(LB_LOG_INFO, "serving %s", o.socket);
+	       nworkers, o.nports, o.common.ring_size, o.flow_table_size);
+	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	clock_gettime(CLOCK_MONOTONIC, &t_ready);
 	lb_log(LB_LOG_INFO, "start-up: main at %lld.%06ld, EAL init %.1f ms, ports %.1f ms, "
 	       "tables and workers %.1f ms, ready after %.1f ms", (long long)wall0.tv_sec,
 	       wall0.tv_nsec / 1000, ms_between(&t0, &t_eal), ms_between(&t_eal, &t_ports),
 	       ms_between(&t_ports, &t_ready), ms_between(&t0, &t_ready));
-	lb_log(LB_LOG_INFO, "ready");
-
-	lb_channel_serve(sock, srv, &stop);
-	if (stop) {
-		lb_log(LB_LOG_INFO, "signal received, shutting down");
+	if (lb_daemon_ctl_serve(&ctl, srv) == 0)
 		ret = 0;
-	}
 out:
-	stop = 1;
+	lb_daemon_stop = 1; /* the workers' stop too */
 	if (eal_up)
 		rte_eal_mp_wait_lcore();
 	fwd_telemetry_stop();
-	if (sock)
-		zmq_close(sock);
-	if (zctx)
-		zmq_ctx_term(zctx);
+	lb_daemon_ctl_close(&ctl);
 	lb_proto_server_free(srv);
 	if (ports_up)
 		fwd_ports_stop(o.ports, o.nports);

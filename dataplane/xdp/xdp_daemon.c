@@ -2,7 +2,9 @@
  *
  * xdp_daemon.c - hpclb-xdp: loads lb.bpf.c (embedded skeleton), pins its maps
  * and program, attaches it to the ingress interface, and serves the table
- * protocol (lb_proto.c) on a ZeroMQ REP socket until SIGTERM/SIGINT.
+ * protocol (lb_proto_ops.c) on a ZeroMQ REP socket until SIGTERM/SIGINT; the
+ * options, signals and control channel it shares with hpclb-dpdk are
+ * lb_daemon.c's.
  *
  * The program keeps forwarding with the last tables whatever happens to the
  * control plane: the daemon only answers requests. If a previous daemon died
@@ -16,7 +18,6 @@
 #include <limits.h>
 #include <net/if.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,6 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -34,17 +34,15 @@
 #include <linux/magic.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
-#include <zmq.h>
 
 #include "lb.skel.h"
 #include "lb_proto.h"
-#include "lb_channel.h"
+#include "lb_daemon.h"
 #include "lb_host.h"
 #include "lb_log.h"
 #include "xdp_tables.h"
 
 #define PROG "hpclb-xdp"
-#define DEFAULT_SOCKET "ipc:///run/hpclb/dataplane.sock"
 #define MAX_FLOWS_OPT (1u << 28)
 
 /* While set, libbpf's warnings are kept here instead of logged, so that a
@@ -75,21 +73,12 @@ static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap
 	return 0;
 }
 
-static volatile sig_atomic_t stop;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
 struct opts {
+	struct lb_daemon_opts common; /* --socket, --ring-size (--log-level) */
 	const char *iface;
 	const char *egress[LB_MAX_PORTS - 1];
 	int negress;
 	const char *netns;
-	const char *socket;
-	__u32 ring_size;
 	__u32 flow_table_size;
 	const char *xdp_mode;
 	char pin_dir[PATH_MAX - 64]; /* room for "/<map name>" */
@@ -102,7 +91,8 @@ static void usage(FILE *f)
 		"usage: " PROG " --iface IF [--egress IF]... [--netns NAME] [--socket ENDPOINT]\n"
 		"       [--ring-size PRIME] [--flow-table-size N] [--xdp-mode auto|native|generic]\n"
 		"       [--pin-dir DIR] [--no-attach] [--log-level error|warn|info|debug]\n"
-		"defaults: --socket " DEFAULT_SOCKET ", --ring-size %u, --flow-table-size %u,\n"
+		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
+		"--flow-table-size %u,\n"
 		"          --xdp-mode auto, --pin-dir /sys/fs/bpf/hpclb/<iface>\n",
 		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS);
 }
@@ -113,21 +103,20 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "iface", required_argument, NULL, 'i' },
 		{ "egress", required_argument, NULL, 'e' },
 		{ "netns", required_argument, NULL, 'n' },
-		{ "socket", required_argument, NULL, 's' },
-		{ "ring-size", required_argument, NULL, 'r' },
+		LB_DAEMON_OPTION_SOCKET,
+		LB_DAEMON_OPTION_RING_SIZE,
 		{ "flow-table-size", required_argument, NULL, 'f' },
 		{ "xdp-mode", required_argument, NULL, 'm' },
 		{ "pin-dir", required_argument, NULL, 'p' },
 		{ "no-attach", no_argument, NULL, 'A' },
-		{ "log-level", required_argument, NULL, 'l' },
+		LB_DAEMON_OPTION_LOG_LEVEL,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	int c;
+	int c, rc;
 
 	memset(o, 0, sizeof(*o));
-	o->socket = DEFAULT_SOCKET;
-	o->ring_size = LB_RING_SIZE_DEFAULT;
+	lb_daemon_opts_init(&o->common);
 	o->flow_table_size = LB_MAX_FLOWS;
 	o->xdp_mode = "auto";
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -143,17 +132,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->egress[o->negress++] = optarg;
 			break;
 		case 'n':
+			/* checked after the interfaces, below */
 			o->netns = optarg;
-			break;
-		case 's':
-			o->socket = optarg;
-			break;
-		case 'r':
-			if (lb_parse_u32(optarg, &o->ring_size) || !lb_valid_ring_size(o->ring_size)) {
-				lb_log(LB_LOG_ERR, "--ring-size must be a prime in 3..%u, got '%s'",
-				       LB_RING_SIZE_MAX, optarg);
-				return -1;
-			}
 			break;
 		case 'f':
 			if (lb_parse_u32(optarg, &o->flow_table_size) || o->flow_table_size < 1 ||
@@ -181,24 +161,20 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'A':
 			o->no_attach = 1;
 			break;
-		case 'l':
-			if (lb_log_set_level_name(optarg)) {
-				lb_log(LB_LOG_ERR, "--log-level must be error, warn, info or debug");
-				return -1;
-			}
-			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
 		default:
-			usage(stderr);
+			rc = lb_daemon_parse_opt(&o->common, c, optarg);
+			if (rc > 0)
+				break;
+			if (rc == 0)
+				usage(stderr);
 			return -1;
 		}
 	}
-	if (optind < argc) {
-		lb_log(LB_LOG_ERR, "unexpected argument '%s'", argv[optind]);
+	if (lb_daemon_check_operands(argc, argv))
 		return -1;
-	}
 	if (!o->iface) {
 		lb_log(LB_LOG_ERR, "--iface is required");
 		usage(stderr);
@@ -422,7 +398,7 @@ static struct lb_bpf *open_skel(const struct opts *o)
 		lb_log(LB_LOG_ERR, "opening the BPF object: %s", strerror(errno));
 		return NULL;
 	}
-	err = bpf_map__set_max_entries(skel->maps.ring_map, LB_MAX_VIPS * o->ring_size);
+	err = bpf_map__set_max_entries(skel->maps.ring_map, LB_MAX_VIPS * o->common.ring_size);
 	if (!err)
 		err = bpf_map__set_max_entries(skel->maps.flow_map, o->flow_table_size);
 	if (err) {
@@ -478,8 +454,6 @@ static void detach(int ifindex, int prog_fd, __u32 flags, const char *iface)
 		lb_log(LB_LOG_INFO, "detached from %s", iface);
 }
 
-/* ---- control socket ---------------------------------------------------- */
-
 /* ---- main -------------------------------------------------------------- */
 
 static const char *const capabilities[] = { "dsr", "patch_ring", "xdp_tx", "redirect", NULL };
@@ -521,14 +495,8 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 	struct lb_config cfg;
 	int err;
 
-	memset(&cfg, 0, sizeof(cfg));
-	cfg.ring_size = o->ring_size;
-	/* A random flow-hash key until the control plane sets one: an outsider
-	 * must not be able to aim flows at one backend. */
-	if (getrandom(cfg.hash_key, sizeof(cfg.hash_key), 0) != (ssize_t)sizeof(cfg.hash_key)) {
-		lb_log(LB_LOG_ERR, "getrandom: %s", strerror(errno));
+	if (lb_daemon_initial_config(&cfg, o->common.ring_size))
 		return NULL;
-	}
 	err = xdp_tables_reset(t, &cfg);
 	if (err) {
 		lb_log(LB_LOG_ERR, "initialising the maps: %s", strerror(-err));
@@ -538,8 +506,8 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 	if (!srv)
 		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 	else
-		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u)", o->ring_size,
-		       o->flow_table_size);
+		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u)",
+		       o->common.ring_size, o->flow_table_size);
 	return srv;
 }
 
@@ -567,7 +535,7 @@ static int load_once(const struct opts *o, const struct lb_proto_info *info, int
 	}
 	if (!reuse && pin_maps(skel, o->pin_dir))
 		goto fail;
-	err = xdp_tables_open(t, skel, o->ring_size);
+	err = xdp_tables_open(t, skel, o->common.ring_size);
 	if (err) {
 		lb_log(LB_LOG_ERR, "opening the maps: %s", strerror(-err));
 		goto fail;
@@ -618,8 +586,7 @@ int main(int argc, char **argv)
 	struct lb_proto_server *srv = NULL;
 	struct lb_proto_info info;
 	struct lb_bpf *skel = NULL;
-	struct sigaction sa;
-	void *zctx = NULL, *sock = NULL;
+	struct lb_daemon_ctl ctl = { 0 };
 	char prog_pin[PATH_MAX], lock_path[PATH_MAX];
 	__u32 xdp_flags = 0;
 	int attached = 0, adopted = 0, ret = 1, prog_fd = -1, lock_fd, err;
@@ -633,15 +600,7 @@ int main(int argc, char **argv)
 	if (o.netns && lb_enter_netns(o.netns))
 		return 1;
 	libbpf_set_print(libbpf_log);
-
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal; /* no SA_RESTART: zmq_poll returns EINTR */
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGINT, &sa, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	/* A hang-up of a terminal or session the daemon was started from must not
-	 * kill it without detaching: only SIGTERM/SIGINT stop it. */
-	signal(SIGHUP, SIG_IGN);
+	lb_daemon_signals(); /* only SIGTERM/SIGINT stop it, detaching */
 
 	memset(&info, 0, sizeof(info));
 	info.dataplane = "xdp";
@@ -680,9 +639,7 @@ int main(int argc, char **argv)
 	lb_log(LB_LOG_INFO, "program and maps pinned in %s", o.pin_dir);
 	/* Bind before attaching: a daemon that cannot serve must not take the
 	 * interface from one that does. Requests wait until the loop polls. */
-	zctx = zmq_ctx_new();
-	sock = zctx ? lb_channel_open(zctx, o.socket) : NULL;
-	if (!sock)
+	if (lb_daemon_ctl_open(&ctl, o.common.socket))
 		goto out;
 	if (!o.no_attach) {
 		if (attach((int)info.ports[0].ifindex, prog_fd, o.iface, o.xdp_mode, &xdp_flags))
@@ -691,19 +648,11 @@ int main(int argc, char **argv)
 		info.attach_mode = xdp_flags == XDP_FLAGS_DRV_MODE ? "native" : "generic";
 		lb_proto_server_set_info(srv, &info);
 	}
-	lb_log(LB_LOG_INFO, "serving %s", o.socket);
-	lb_log(LB_LOG_INFO, "ready");
-
-	lb_channel_serve(sock, srv, &stop);
-	if (stop) {
-		lb_log(LB_LOG_INFO, "signal received, shutting down");
+	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
+	if (lb_daemon_ctl_serve(&ctl, srv) == 0)
 		ret = 0;
-	}
 out:
-	if (sock)
-		zmq_close(sock);
-	if (zctx)
-		zmq_ctx_term(zctx);
+	lb_daemon_ctl_close(&ctl);
 	if (attached)
 		detach((int)info.ports[0].ifindex, prog_fd, xdp_flags, o.iface);
 	if (skel && ret && adopted)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * proto_selftest.c - lb_proto.c alone, against a fake data plane that keeps
- * its own copy of the tables and can be told to fail. Built and run by
- * tests/unit/test_protocol_server.py (with ASan/UBSan), no root needed.
+ * proto_selftest.c - the protocol server (lb_proto_codec.c, lb_proto_ops.c)
+ * alone, against a fake data plane that keeps its own copy of the tables and
+ * can be told to fail. Built and run by tests/unit/test_protocol_server.py
+ * (with ASan/UBSan), no root needed.
  *
  * Checks: after every request the fake data plane holds exactly what the
  * server's shadow says (so dump/get_ring never lie); a failing op is reported

@@ -314,7 +314,8 @@ def test_server_selftest(tmp_path: Path) -> None:
     base = [cc, "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11",
             f"-I{REPO / 'dataplane/common'}", "-o", str(exe),
             str(Path(__file__).with_name("proto_selftest.c")),
-            str(REPO / "dataplane/common/lb_proto.c")]
+            str(REPO / "dataplane/common/lb_proto_codec.c"),
+            str(REPO / "dataplane/common/lb_proto_ops.c")]
     sanitize = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
     build = subprocess.run([*base, *sanitize, "-lmsgpackc"], capture_output=True, text=True)
     if build.returncode != 0:  # no sanitizer runtime: still worth running plain
