@@ -1,18 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <string.h>
-#include <netinet/in.h>
 #include <rte_arp.h>
 #include <rte_byteorder.h>
 #include <rte_ether.h>
-#include <rte_ip.h>
-#include <rte_tcp.h>
-#include <rte_udp.h>
 
 #include "fwd_packet.h"
 #include "lb_hash.h"
-
-#define IP_MF 0x2000
-#define IP_OFFSET 0x1fff
+#include "lb_parse.h"
+#include "lb_rewrite.h"
 
 static inline void count(struct lb_counter *c, __u64 bytes)
 {
@@ -78,62 +73,49 @@ static enum fwd_verdict arp(struct fwd_packet_ctx *c, __u8 *frame, __u32 len)
 	return stat(c, LB_STAT_ARP_REPLY, len, FWD_REPLY);
 }
 
+/* The flow key (IPv4 for now, lb_tables.h) from a parse that said LB_PARSE_OK
+ * on an untagged IPv4 frame: the one place the key is built. */
+static inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
+{
+	memset(flow, 0, sizeof(*flow));
+	flow->saddr = p->src.v4;
+	flow->daddr = p->dst.v4;
+	flow->sport = p->sport;
+	flow->dport = p->dport;
+	flow->proto = p->proto;
+}
+
 enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __u32 *out_port)
 {
 	const struct fwd_tables *t = c->tables;
-	struct rte_ether_hdr *eth = (struct rte_ether_hdr *)frame;
-	struct rte_ipv4_hdr *iph;
+	struct lb_parsed pkt;
 	struct lb_flow_key flow;
 	const struct fwd_vip_slot *vip;
 	const struct lb_backend *backend = NULL;
 	struct fwd_flow_slot *pinned;
 	struct lb_vip_key vkey;
-	__u32 backend_id = LB_NO_BACKEND, ihl_bytes, ip_len, port;
+	__u32 backend_id = LB_NO_BACKEND, port;
 	hash_sig_t sig;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
-	if (len < sizeof(*eth))
-		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
-	if (eth->ether_type == RTE_BE16(RTE_ETHER_TYPE_ARP))
-		return arp(c, frame, len);
-	if (eth->ether_type != RTE_BE16(RTE_ETHER_TYPE_IPV4))
+	switch (lb_untagged_ipv4_only(&pkt, lb_parse_frame(&pkt, frame, frame + len))) {
+	case LB_PARSE_OK:
+		break;
+	case LB_PARSE_NOT_IP:
+		/* Untagged ARP is ours to answer for VIP addresses (the kernel
+		 * holds none in DPDK mode); the rest, a tagged ARP included,
+		 * goes to the kernel. */
+		if (pkt.eth_proto == RTE_BE16(RTE_ETHER_TYPE_ARP) && !(pkt.flags & LB_PF_VLAN))
+			return arp(c, frame, len);
 		return stat(c, LB_STAT_PASS_NOT_IPV4, len, FWD_TO_KERNEL);
-
-	iph = (struct rte_ipv4_hdr *)(eth + 1);
-	if (len < sizeof(*eth) + sizeof(*iph) || (iph->version_ihl & 0xf) < 5 ||
-	    (iph->version_ihl >> 4) != 4)
-		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
-	/* The total length covers the header and fits in the frame; what follows
-	 * it is Ethernet padding, no part of the packet: the L4 header must fit
-	 * in the packet, not just in the frame. */
-	ihl_bytes = (iph->version_ihl & 0xf) * 4u;
-	ip_len = rte_be_to_cpu_16(iph->total_length);
-	if (ip_len < ihl_bytes || ip_len > len - sizeof(*eth))
-		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
-	if (iph->next_proto_id != IPPROTO_TCP && iph->next_proto_id != IPPROTO_UDP)
+	case LB_PARSE_UNSUPPORTED_L4:
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
-	if (iph->fragment_offset & RTE_BE16(IP_MF | IP_OFFSET))
+	case LB_PARSE_FRAGMENT:
 		return stat(c, LB_STAT_PASS_FRAGMENT, len, FWD_TO_KERNEL);
-
-	memset(&flow, 0, sizeof(flow));
-	if (iph->next_proto_id == IPPROTO_TCP) {
-		const struct rte_tcp_hdr *tcp = (const void *)((__u8 *)iph + ihl_bytes);
-
-		if (ip_len < ihl_bytes + sizeof(*tcp)) /* ip_len fits in the frame */
-			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
-		flow.sport = tcp->src_port;
-		flow.dport = tcp->dst_port;
-	} else {
-		const struct rte_udp_hdr *udp = (const void *)((__u8 *)iph + ihl_bytes);
-
-		if (ip_len < ihl_bytes + sizeof(*udp))
-			return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
-		flow.sport = udp->src_port;
-		flow.dport = udp->dst_port;
+	default: /* LB_PARSE_MALFORMED (LB_PARSE_EXT_TOO_LONG is IPv6's: not here) */
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 	}
-	flow.saddr = iph->src_addr;
-	flow.daddr = iph->dst_addr;
-	flow.proto = iph->next_proto_id;
+	flow_key_v4(&flow, &pkt);
 
 	memset(&vkey, 0, sizeof(vkey));
 	vkey.addr = flow.daddr;
@@ -181,8 +163,8 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	port = backend->port ? backend->port : c->in_port;
 	if (port >= c->nports)
 		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
-	memcpy(&eth->dst_addr, backend->mac, 6);
-	memcpy(&eth->src_addr, c->port_macs[port], 6);
+	if (lb_rewrite_macs(frame, frame + len, backend->mac, c->port_macs[port]))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
 	stat(c, backend->port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
 	count(&c->counters->vips[vip->vip_id], len);
 	count(&c->counters->backends[backend_id], len);

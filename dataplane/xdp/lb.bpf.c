@@ -3,8 +3,9 @@
  * lb.bpf.c - the XDP data plane: IPv4 TCP/UDP to a VIP in DSR mode.
  *
  * Per packet: parse Ethernet/IPv4/L4 with every length checked (the IPv4
- * total length too: it covers the header and fits in the frame), look the
- * (daddr, dport, proto) triple up in vip_map, then
+ * total length too: it covers the header and fits in the frame; lb_parse.h,
+ * shared with the DPDK forwarder), look the (daddr, dport, proto) triple up
+ * in vip_map, then
  *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
  *      a weight change or ring patch never moves an established flow; the
  *      flow table is shared by all CPUs, so this holds whichever CPU a
@@ -14,27 +15,21 @@
  *      backend takes no new flow even before the control plane rewrites the
  *      ring), then pin the flow;
  *   3. rewrite the destination MAC to the backend's, the source MAC to the
- *      egress port's, and XDP_TX (port 0, one-arm) or XDP_REDIRECT through
- *      tx_devmap (two-arm).
- * Everything that is not for a VIP is XDP_PASS, untouched. Fragments pass to
- * the kernel (a non-first fragment carries no ports, so it cannot be balanced
+ *      egress port's (lb_rewrite.h), and XDP_TX (port 0, one-arm) or
+ *      XDP_REDIRECT through tx_devmap (two-arm).
+ * Everything that is not for a VIP is XDP_PASS, untouched: tagged and IPv6
+ * frames too, for now (lb_untagged_ipv4_only). Fragments pass to the kernel
+ * (a non-first fragment carries no ports, so it cannot be balanced
  * consistently with its head). IP options are skipped using the IHL.
  * control/hpclb/model.py is the reference for all of this.
  */
 #include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/in.h>
-#include <linux/ip.h>
-#include <linux/tcp.h>
-#include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
 
 #include "lb_tables.h"
 #include "lb_hash.h"
-
-#define IP_MF 0x2000
-#define IP_OFFSET 0x1fff
+#include "lb_parse.h"
+#include "lb_rewrite.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -162,14 +157,24 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 	return LB_NO_BACKEND;
 }
 
+/* The flow key (IPv4 for now, lb_tables.h) from a parse that said LB_PARSE_OK
+ * on an untagged IPv4 frame: the one place the key is built. */
+static __always_inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
+{
+	flow->saddr = p->src.v4;
+	flow->daddr = p->dst.v4;
+	flow->sport = p->sport;
+	flow->dport = p->dport;
+	flow->proto = p->proto;
+}
+
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	__u64 len = (__u64)(data_end - data);
-	struct ethhdr *eth = data;
-	struct iphdr *iph;
+	struct lb_parsed pkt;
 	struct lb_vip_key vkey = {};
 	struct lb_flow_key flow = {};
 	struct lb_flow_entry *pinned, fresh = {};
@@ -177,53 +182,23 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_backend *backend = NULL;
 	struct lb_config *cfg;
 	struct lb_port *port;
-	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx, ihl_bytes, ip_len;
+	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx;
 	long verdict;
-	void *l4;
 
 	stat(LB_STAT_RX, len, 0);
-	if ((void *)(eth + 1) > data_end)
-		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-	if (eth->h_proto != bpf_htons(ETH_P_IP))
+	switch (lb_untagged_ipv4_only(&pkt, lb_parse_frame(&pkt, data, data_end))) {
+	case LB_PARSE_OK:
+		break;
+	case LB_PARSE_NOT_IP:
 		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
-
-	iph = (void *)(eth + 1);
-	if ((void *)(iph + 1) > data_end || iph->ihl < 5 || iph->version != 4)
-		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-	/* The total length covers the header and fits in the frame; what follows
-	 * it is Ethernet padding, no part of the packet: the L4 header must fit
-	 * in the packet, not just in the frame. */
-	ihl_bytes = (iph->ihl & 0xf) * 4;
-	ip_len = bpf_ntohs(iph->tot_len);
-	if (ip_len < ihl_bytes || ip_len > len - sizeof(*eth))
-		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
+	case LB_PARSE_UNSUPPORTED_L4:
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
-	if (iph->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+	case LB_PARSE_FRAGMENT:
 		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
-
-	/* ihl is 4 bits, so the options are at most 40 bytes: a bounded offset
-	 * (read from the header again, not from ihl_bytes, so that the verifier
-	 * sees the bound even where the compiler spills the variable). */
-	l4 = (void *)iph + (iph->ihl & 0xf) * 4;
-	if (iph->protocol == IPPROTO_TCP) {
-		struct tcphdr *tcp = l4;
-
-		if ((void *)(tcp + 1) > data_end || ihl_bytes + sizeof(*tcp) > ip_len)
-			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-		flow.sport = tcp->source;
-		flow.dport = tcp->dest;
-	} else {
-		struct udphdr *udp = l4;
-
-		if ((void *)(udp + 1) > data_end || ihl_bytes + sizeof(*udp) > ip_len)
-			return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-		flow.sport = udp->source;
-		flow.dport = udp->dest;
+	default: /* LB_PARSE_MALFORMED (LB_PARSE_EXT_TOO_LONG is IPv6's: not here) */
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
 	}
-	flow.saddr = iph->saddr;
-	flow.daddr = iph->daddr;
-	flow.proto = iph->protocol;
+	flow_key_v4(&flow, &pkt);
 
 	vkey.addr = flow.daddr;
 	vkey.port = flow.dport;
@@ -263,8 +238,8 @@ int lb_xdp(struct xdp_md *ctx)
 	port = bpf_map_lookup_elem(&port_map, &port_idx);
 	if (!port || port->ifindex == 0)
 		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
-	__builtin_memcpy(eth->h_dest, backend->mac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, port->mac, ETH_ALEN);
+	if (lb_rewrite_macs(data, data_end, backend->mac, port->mac))
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
 	if (port_idx == 0) {
 		verdict = XDP_TX;
 		stat(LB_STAT_FWD_TX, len, 0);
