@@ -15,7 +15,7 @@ from hpclb.config import (
     LB_MAX_BACKENDS,
     LB_MAX_VIPS,
     MAX_CONFIG_BYTES,
-    BackendState,
+    AdminState,
     ConfigError,
     HpclbConfig,
     VipProtocol,
@@ -79,7 +79,7 @@ def test_base_is_valid() -> None:
     assert cfg.appliance.control_socket == "ipc:///run/hpclb/dataplane.sock"
     b1, b2 = cfg.pools["web"].backends
     assert b1.address == IPv4Address("198.18.0.11") and b1.via == "eth1"
-    assert b2.weight == 1.0 and b2.mac is None and b2.state is BackendState.UP
+    assert b2.weight == 1.0 and b2.mac is None and b2.state is AdminState.UP
     assert cfg.vips[0].protocol is VipProtocol.TCP and cfg.vips[0].protocol.number == 6
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hpclb.balancing import maglev
 from hpclb.balancing.maglev import (
     NO_BACKEND,
-    Backend,
+    RingMember,
     build_table,
     check_ring_size,
     is_prime,
@@ -169,7 +169,7 @@ def test_member_forms_agree() -> None:
     triples = [(7, "7", 1.0), (3, "3", 2.5), (9, "9", 0.0)]
     expected = build_table(triples, 1009)
     np.testing.assert_array_equal(build_table([(i, w) for i, _, w in triples], 1009), expected)
-    np.testing.assert_array_equal(build_table([Backend(*m) for m in triples], 1009), expected)
+    np.testing.assert_array_equal(build_table([RingMember(*m) for m in triples], 1009), expected)
     ints = build_table([(7, "7", 1), (3, "3", np.float32(2.5)), (9, "9", 0)], 1009)  # type: ignore[list-item]
     np.testing.assert_array_equal(ints, expected)
 

@@ -117,9 +117,9 @@ __all__ = [
     "NO_BACKEND",
     "RING_SIZE_DEFAULT",
     "RING_SIZE_MAX",
-    "Backend",
-    "BackendSpec",
-    "Member",
+    "RingMember",
+    "RingMemberSpec",
+    "RingMemberTuple",
     "build_table",
     "check_ring_size",
     "is_prime",
@@ -136,7 +136,7 @@ _PERSON = b"hpclb-maglev-v1"
 
 
 @dataclass(frozen=True)
-class Backend:
+class RingMember:
     """One ring member.
 
     ``id`` is what the ring stores (the data plane's backend table index);
@@ -152,11 +152,11 @@ class Backend:
 
 
 #: ``(id, name, weight)``, the form the controller passes.
-Member = tuple[int, str, float]
+RingMemberTuple = tuple[int, str, float]
 
-#: What :func:`build_table` accepts for a member: a :class:`Backend`,
+#: What :func:`build_table` accepts for a member: a :class:`RingMember`,
 #: ``(id, name, weight)``, or ``(id, weight)`` (the name is then ``str(id)``).
-BackendSpec = Union[Backend, Member, tuple[int, float]]  # noqa: UP007
+RingMemberSpec = Union[RingMember, RingMemberTuple, tuple[int, float]]  # noqa: UP007
 
 
 def is_prime(n: int) -> bool:
@@ -185,17 +185,17 @@ def check_ring_size(size: int) -> int:
     return size
 
 
-def _normalise(members: Iterable[BackendSpec]) -> list[Backend]:
-    out: list[Backend] = []
+def _normalise(members: Iterable[RingMemberSpec]) -> list[RingMember]:
+    out: list[RingMember] = []
     for m in members:
-        if isinstance(m, Backend):
+        if isinstance(m, RingMember):
             b = m
         elif isinstance(m, tuple) and len(m) == 3:
-            b = Backend(m[0], m[1], m[2])
+            b = RingMember(m[0], m[1], m[2])
         elif isinstance(m, tuple) and len(m) == 2:
-            b = Backend(m[0], str(m[0]), m[1])
+            b = RingMember(m[0], str(m[0]), m[1])
         else:
-            raise TypeError(f"a member is Backend, (id, name, weight) or (id, weight): {m!r}")
+            raise TypeError(f"a member is RingMember, (id, name, weight) or (id, weight): {m!r}")
         if isinstance(b.id, bool) or not isinstance(b.id, int | np.integer):
             raise TypeError(f"backend id must be an int: {b.id!r}")
         if not 0 <= int(b.id) < NO_BACKEND:
@@ -211,7 +211,7 @@ def _normalise(members: Iterable[BackendSpec]) -> list[Backend]:
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"backend weight must be finite and >= 0: {b.name}={b.weight!r}")
         # One float per weight from here on: quotas and turn times use the same value.
-        out.append(Backend(int(b.id), b.name, weight))
+        out.append(RingMember(int(b.id), b.name, weight))
     ids = [b.id for b in out]
     names = [b.name for b in out]
     if len(set(ids)) != len(ids):
@@ -225,7 +225,7 @@ def _normalise(members: Iterable[BackendSpec]) -> list[Backend]:
 class _Prepared:
     """Members of positive weight in canonical (name-hash) order, with their walks."""
 
-    members: list[Backend]
+    members: list[RingMember]
     quota: list[int]
     offset: list[int]
     skip: list[int]
@@ -237,7 +237,7 @@ def _digest(name: str, seed: bytes) -> bytes:
     ).digest()
 
 
-def _prepare(members: Iterable[BackendSpec], size: int, seed: bytes) -> _Prepared:
+def _prepare(members: Iterable[RingMemberSpec], size: int, seed: bytes) -> _Prepared:
     size = check_ring_size(size)
     if not isinstance(seed, bytes) or len(seed) > 64:
         raise ValueError("seed must be bytes of at most 64 bytes (a blake2b key)")
@@ -270,7 +270,7 @@ def _prepare(members: Iterable[BackendSpec], size: int, seed: bytes) -> _Prepare
 
 
 def quotas(
-    members: Iterable[BackendSpec], size: int = RING_SIZE_DEFAULT, *, seed: bytes = b""
+    members: Iterable[RingMemberSpec], size: int = RING_SIZE_DEFAULT, *, seed: bytes = b""
 ) -> dict[int, int]:
     """Slots each backend id gets in :func:`build_table` (0 for weight 0).
 
@@ -306,7 +306,7 @@ def _turn_order(prepared: _Prepared) -> NDArray[np.int64]:
 
 
 def build_table(
-    members: Sequence[BackendSpec],
+    members: Sequence[RingMemberSpec],
     size: int = RING_SIZE_DEFAULT,
     *,
     seed: bytes = b"",
@@ -314,7 +314,7 @@ def build_table(
 ) -> NDArray[np.uint32]:
     """The weighted Maglev ring of ``members``: ``size`` backend ids (uint32).
 
-    ``members`` are :class:`Backend` values or ``(id, name, weight)`` /
+    ``members`` are :class:`RingMember` values or ``(id, name, weight)`` /
     ``(id, weight)`` tuples, in any order. ``seed`` (optional, up to 64 bytes)
     keys the name hash: rings with different seeds are shuffled independently.
     Deterministic: the same members and weights give the same ring on every

@@ -65,7 +65,7 @@ class WeightsMode(StrEnum):
     DYNAMIC = "dynamic"  # configured weight x capacity left, from the nodes' telemetry
 
 
-class BackendState(StrEnum):
+class AdminState(StrEnum):
     UP = "up"
     DRAINING = "draining"
     DOWN = "down"
@@ -80,7 +80,7 @@ class VipProtocol(StrEnum):
         return 6 if self is VipProtocol.TCP else 17
 
 
-class VipMode(StrEnum):
+class ForwardingMode(StrEnum):
     DSR = "dsr"
     NAT = "nat"  # reserved (lb_vip_mode LB_MODE_NAT)
     TUNNEL = "tunnel"  # reserved (LB_MODE_TUNNEL)
@@ -260,7 +260,7 @@ class BackendConfig(_Strict):
     weight: float = Field(1.0, strict=True, ge=0, allow_inf_nan=False)
     mac: str | None = None
     via: IfName | None = None
-    state: BackendState = BackendState.UP
+    state: AdminState = AdminState.UP
 
     @field_validator("mac", mode="before")
     @classmethod
@@ -324,13 +324,13 @@ class VipConfig(_Strict):
     address: IPv4Address
     port: int = Field(strict=True, ge=1, le=65535)
     protocol: VipProtocol = VipProtocol.TCP
-    mode: VipMode = VipMode.DSR
+    mode: ForwardingMode = ForwardingMode.DSR
     pool: Name
 
     @field_validator("mode")
     @classmethod
-    def _implemented(cls, v: VipMode) -> VipMode:
-        if v is not VipMode.DSR:
+    def _implemented(cls, v: ForwardingMode) -> ForwardingMode:
+        if v is not ForwardingMode.DSR:
             raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' is)")
         return v
 

@@ -46,8 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hpclb.balancing import maglev
-from hpclb.config import BackendState as AdminState
-from hpclb.config import ConfigError, HpclbConfig, load_config
+from hpclb.config import AdminState, ConfigError, HpclbConfig, load_config
 from hpclb.contract.tables import (
     MAX_BACKENDS,
     MAX_VIPS,
