@@ -412,7 +412,7 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         assert thread.stats() is snap["stats"]
         # Block the probe loop until we let it go: snapshot() and stats() return
         # while it is still blocked, so they cannot have waited on it.
-        loop = thread._loop
+        loop = thread._thread.loop
         assert loop is not None
         blocked, release, after = threading.Event(), threading.Event(), threading.Event()
 

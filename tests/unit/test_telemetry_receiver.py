@@ -665,7 +665,7 @@ th = ReceiverThread(TelemetryReceiver("tcp://127.0.0.1:*", root / "server.key_se
                                       root / "allow", lambda m, i: None,
                                       max_unauthenticated=10_000))
 th.start()
-th._loop.call_soon_threadsafe(time.sleep, 2.0)  # the receiver's loop stops turning
+th._thread.loop.call_soon_threadsafe(time.sleep, 2.0)  # the receiver's loop stops turning
 port = int(th.endpoint.rsplit(":", 1)[1])
 socks = [socket.socket() for _ in range(3000)]
 for s in socks:  # ~3,000 monitor events unread: libzmq blocks on the full pipe

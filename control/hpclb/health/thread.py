@@ -22,13 +22,12 @@ import math
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from hpclb.config.probes import ProbeConfig
 from hpclb.health import HealthChecker, ProbeOutcome, Transition
-from hpclb.host.netns import enter_netns
+from hpclb.host.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +59,9 @@ class ProbeThread:
         #: result leaves it as it was). Written in the checker's thread one key at
         #: a time, read by the controller.
         self.rtts: dict[str, float | None] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = LoopThread("hpclb-probes", netns)
         self._checker: HealthChecker | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._started: Future[None] = Future()
+        self._refresher: asyncio.Task[None] | None = None
         self._targets: Targets = {}
         # Replaced whole, never changed in place: a reader holding the old one
         # keeps a consistent view.
@@ -77,30 +74,17 @@ class ProbeThread:
         return {"stats": {}, "backends": {}, "alarm": None, "at": time.monotonic()}
 
     def start(self, timeout: float = 10.0) -> None:
-        self._thread = threading.Thread(target=self._main, name="hpclb-probes", daemon=True)
-        self._thread.start()
-        self._started.result(timeout)
+        self._thread.start(self._setup, self._teardown, timeout)
 
-    def _main(self) -> None:
-        try:
-            if self.netns:
-                enter_netns(self.netns)
-        except OSError as err:
-            self._started.set_exception(err)
-            return
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def _setup(self) -> None:
         self._checker = HealthChecker(self._on_transition, on_result=self._on_result)
         self._refresh()
-        refresher = asyncio.create_task(self._refresh_every(SNAPSHOT_PERIOD_S))
-        self._started.set_result(None)
-        try:
-            await self._stop.wait()
-        finally:
-            refresher.cancel()
+        self._refresher = asyncio.create_task(self._refresh_every(SNAPSHOT_PERIOD_S))
+
+    async def _teardown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        if self._checker is not None:
             self._checker.close()
 
     async def _refresh_every(self, period: float) -> None:
@@ -129,7 +113,7 @@ class ProbeThread:
     def _refresh_after_change(self) -> None:
         # Coalesced: a rack going down is thousands of transitions, and one
         # snapshot after a batch of them serves.
-        loop = self._loop
+        loop = self._thread.loop
         if self._refresh_soon is None and loop is not None:
             delay = max(0.0, self._refreshed + SNAPSHOT_MIN_GAP_S - time.monotonic())
             self._refresh_soon = loop.call_later(delay, self._refresh)
@@ -163,13 +147,7 @@ class ProbeThread:
 
     def sync(self, targets: Targets, timeout: float = 10.0) -> None:
         """Probe exactly these backends (added, updated, removed as needed)."""
-        if self._loop is None:
-            raise RuntimeError("probe thread not running")
-
-        async def call() -> None:
-            self._apply(targets)
-
-        asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+        self._thread.call(lambda: self._apply(targets), timeout)
 
     def is_up(self, name: str) -> bool:
         checker = self._checker
@@ -193,12 +171,4 @@ class ProbeThread:
         return stats
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._thread is None:
-            return
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            try:
-                self._loop.call_soon_threadsafe(self._stop.set)
-            except RuntimeError:
-                pass
-        self._thread.join(timeout)
-        self._thread = None
+        self._thread.stop(timeout)

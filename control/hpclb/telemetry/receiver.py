@@ -89,11 +89,9 @@ import os
 import re
 import socket
 import struct
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -103,7 +101,7 @@ import zmq.asyncio
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from hpclb.host.netns import enter_netns
+from hpclb.host.loop_thread import LoopThread
 from hpclb.telemetry.message import (
     DECODE_REASONS,
     MAX_MESSAGE_BYTES,
@@ -943,43 +941,11 @@ class ReceiverThread:
         #: before it binds, as the probe thread does: the agents reach the
         #: appliance where the data plane forwards (the lab's appliance namespace).
         self.netns = netns
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._started: Future[None] = Future()
+        self._thread = LoopThread("hpclb-telemetry", netns)
 
     def start(self, timeout: float = 10.0) -> None:
         """Start and wait until bound; re-raises a bind or setup error."""
-        if self._thread is not None:
-            raise RuntimeError("receiver thread already started")
-        self._thread = threading.Thread(target=self._main, name="hpclb-telemetry",
-                                        daemon=True)
-        self._thread.start()
-        self._started.result(timeout)
-
-    def _main(self) -> None:
-        if self.netns:
-            try:
-                enter_netns(self.netns)
-            except OSError as err:
-                self._started.set_exception(err)
-                return
-
-        async def serve() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            try:
-                await self.receiver.start()
-            except BaseException as err:
-                self._started.set_exception(err)
-                return
-            self._started.set_result(None)
-            try:
-                await self._stop.wait()
-            finally:
-                await self.receiver.stop()
-
-        asyncio.run(serve())
+        self._thread.start(self.receiver.start, self.receiver.stop, timeout)
 
     @property
     def endpoint(self) -> str | None:
@@ -987,13 +953,7 @@ class ReceiverThread:
 
     def _call(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
         """Run ``fn`` in the receiver's loop (its state is only touched there)."""
-        if self._loop is None or not self._started.done():
-            raise RuntimeError("receiver thread not running")
-
-        async def call() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+        return self._thread.call(fn, timeout)
 
     def snapshot(self) -> dict[str, Any]:
         """The receiver's snapshot, at once, without waiting on its loop: counters
@@ -1019,12 +979,5 @@ class ReceiverThread:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the receiver and join the thread. Idempotent."""
-        if self._thread is None:
-            return
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # loop already gone
-                self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        if not self._thread.stop(timeout):
             raise RuntimeError("telemetry receiver thread did not stop")
-        self._thread = None
