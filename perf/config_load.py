@@ -143,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     import hpclb.config
-
     results = []
     with tempfile.TemporaryDirectory(prefix="hpclb-config-load-") as tmp:
         for name in args.scenarios:

@@ -354,7 +354,7 @@ def baseline_tree(rev: str, into: Path) -> Path:
 
 def restart_once(lab: Any, appliance: Any, args: argparse.Namespace,
                  first_sport: int) -> dict[str, Any]:
-    from hpclb.labrun import LAB_PORT, LAB_VIP
+    from hpclb.lab.appliance import LAB_PORT, LAB_VIP
 
     duration = args.lead + args.tail
     stream = lab.popen("cli", [sys.executable, str(Path(__file__).resolve()), "stream",
@@ -384,7 +384,7 @@ def restart_once(lab: Any, appliance: Any, args: argparse.Namespace,
 
 def run_variant(lab: Any, workdir: Path, args: argparse.Namespace, control: Path | None,
                 first_sport: int) -> list[dict[str, Any]]:
-    from hpclb.labrun import LabAppliance
+    from hpclb.lab.appliance import LabAppliance
 
     old = os.environ.get("PYTHONPATH")
     if control is not None:
@@ -541,8 +541,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpclb.dataplane.dpdk import find_dpdk_forwarder
-    from hpclb.lab import Lab, default_pass_obj
-    from hpclb.labrun import LAB_PORT
+    from hpclb.lab.appliance import LAB_PORT
+    from hpclb.lab.topology import Lab, default_pass_obj
 
     if os.geteuid() != 0:
         print("needs root (network namespaces, hugepages, AF_XDP)", file=sys.stderr)

@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from hpclb.probes import HealthChecker, ProbeConfig, ProbeOutcome
+from hpclb.config.probes import ProbeConfig
+from hpclb.health import HealthChecker, ProbeOutcome
 
 KINDS = ("icmp", "tcp")
 

@@ -71,10 +71,10 @@ import yaml
 import zmq
 import zmq.auth
 
-from hpclb import controller as controller_mod
-from hpclb import maglev
-from hpclb.controller import PUSH_INTERVAL_S, Controller
-from hpclb.dataplane.tables import MAX_BACKENDS, NO_BACKEND, RING_PATCH_DTYPE, RING_SIZE_DEFAULT
+from hpclb.balancing import maglev
+from hpclb.contract.tables import MAX_BACKENDS, NO_BACKEND, RING_PATCH_DTYPE, RING_SIZE_DEFAULT
+from hpclb.controller import core as controller_mod
+from hpclb.controller.core import PUSH_INTERVAL_S, Controller
 
 log = logging.getLogger("hpclb.perf.reaction_time")
 
@@ -151,8 +151,8 @@ def agent_worker(keys_file: Path, endpoint: str, netns: str) -> int:
     """N Publishers, one CURVE key each; JSON requests on stdin, replies on stdout.
     In ``netns`` (when not empty) before any socket exists: where the receiver binds."""
     from hpclb.agent.publisher import Publisher
-    from hpclb.netns import enter_netns
-    from hpclb.telemetry import TelemetryMessage, encode
+    from hpclb.host.netns import enter_netns
+    from hpclb.telemetry.message import TelemetryMessage, encode
 
     if netns:
         enter_netns(netns)  # single-threaded here: zmq's threads start in it too

@@ -36,8 +36,8 @@ import zmq
 import zmq.auth
 
 from hpclb.agent.publisher import Publisher
-from hpclb.telemetry import TelemetryMessage, encode
-from hpclb.telemetry_receiver import ReceiverThread, TelemetryReceiver
+from hpclb.telemetry.message import TelemetryMessage, encode
+from hpclb.telemetry.receiver import ReceiverThread, TelemetryReceiver
 
 TICK = 0.1
 

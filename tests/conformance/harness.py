@@ -12,8 +12,9 @@ import numpy as np
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
 
-from hpclb import maglev
-from hpclb.dataplane.tables import (
+from hpclb.balancing import maglev
+from hpclb.contract.model import Model, Verdict
+from hpclb.contract.tables import (
     IPPROTO_TCP,
     IPPROTO_UDP,
     STAT_NAMES,
@@ -22,7 +23,6 @@ from hpclb.dataplane.tables import (
     TableSet,
     Vip,
 )
-from hpclb.model import Model, Verdict
 
 from .targets import FrameRefused, Target
 

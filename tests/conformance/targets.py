@@ -2,7 +2,7 @@
 
 Every target takes tables (pushed through the real table protocol where the
 target is a real data plane) and answers ``run(frame) -> (action, frame_out)``.
-The model itself (``hpclb.model``) is the oracle every target is compared
+The model itself (``hpclb.contract.model``) is the oracle every target is compared
 with, and the model-only run of the suite checks the cases' own expectations
 against it. The XDP target is the real ``lb_xdp``
 program loaded and fed by the real ``hpclb-xdp`` daemon, run on each frame
@@ -23,12 +23,12 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
-from hpclb import netns
-from hpclb.dataplane.bpf_testrun import BpfError, PinnedXdpProgram
+from hpclb.contract.tables import TableSet, mac_str
 from hpclb.dataplane.dpdk import DpdkLaunch, DpdkPort, forwarder_argv, reserve_hugepages
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
-from hpclb.dataplane.tables import TableSet, mac_str
+from hpclb.host import netns
+from hpclb.lab.bpf_testrun import BpfError, PinnedXdpProgram
 
 
 class FrameRefused(Exception):

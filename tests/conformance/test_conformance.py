@@ -17,7 +17,7 @@ from scapy.layers.inet import IP, TCP, UDP, IPOption_NOP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 
-from hpclb.dataplane.tables import BackendState
+from hpclb.contract.tables import BackendState
 
 from .harness import BACKEND_MACS, CLIENT_MAC, Harness, base_tables, tcp, udp
 

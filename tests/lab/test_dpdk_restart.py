@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from hpclb.lab import Lab, default_pass_obj
-from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.topology import Lab, default_pass_obj
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
@@ -99,7 +99,7 @@ def capture_from_vip(lab: Lab, workdir: Path) -> Iterator[list[str]]:
 
 
 def udpstream(lab: Lab, sports: str, pps: int, seconds: float) -> subprocess.Popen[str]:
-    return lab.popen("cli", [sys.executable, "-m", "hpclb.labnode", "udpstream", "--vip",
+    return lab.popen("cli", [sys.executable, "-m", "hpclb.lab.node", "udpstream", "--vip",
                              LAB_VIP, "--port", str(LAB_PORT), "--sports", sports, "--pps",
                              str(pps), "--duration", str(seconds), "--linger", "2", "--json"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpclb.flowhash import flow_slot
-from hpclb.lab import Lab, default_pass_obj
-from hpclb.labrun import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.contract.flowhash import flow_slot
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.topology import Lab, default_pass_obj
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP, hugepages)"
@@ -126,7 +126,7 @@ def test_ring_patches_under_a_udp_stream_lose_and_move_nothing(
 
     vip_id = next(v["vip_id"] for v in appliance.client.dump()["vips"] if v["proto"] == 17)
     ids = np.array(sorted(b["id"] for b in appliance.client.dump()["backends"]), dtype=np.uint32)
-    stream = lab.popen("cli", [sys.executable, "-m", "hpclb.labnode", "udpstream", "--vip",
+    stream = lab.popen("cli", [sys.executable, "-m", "hpclb.lab.node", "udpstream", "--vip",
                                LAB_VIP, "--port", str(LAB_PORT), "--sports", "26000-26199",
                                "--pps", "2000", "--duration", "6", "--json"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)

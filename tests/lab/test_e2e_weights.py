@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from hpclb.controller import PUSH_INTERVAL_S
-from hpclb.lab import Lab, cgroup_controllers_missing, default_pass_obj
-from hpclb.labrun import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
+from hpclb.controller.core import PUSH_INTERVAL_S
+from hpclb.lab.appliance import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.topology import Lab, cgroup_controllers_missing, default_pass_obj
 
 from .conftest import Keys
 
@@ -328,7 +328,7 @@ CRAFTED_SENDER = r"""
 import json, sys, time
 import zmq.auth
 from hpclb.agent.publisher import Publisher
-from hpclb.telemetry import TelemetryMessage, encode
+from hpclb.telemetry.message import TelemetryMessage, encode
 
 endpoint, server_key, key, node = sys.argv[1:5]
 server_public, _ = zmq.auth.load_certificate(server_key)

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from hpclb.lab import Lab, default_pass_obj
-from hpclb.labrun import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.appliance import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.topology import Lab, default_pass_obj
 
 from .conftest import AGENT_NAMES, Keys
 
@@ -114,7 +114,7 @@ FLOOD = r"""
 import json, sys, time
 import zmq.auth
 from hpclb.agent.publisher import Publisher
-from hpclb.telemetry import TelemetryMessage, encode
+from hpclb.telemetry.message import TelemetryMessage, encode
 endpoint, server_key, key, node = sys.argv[1:5]
 rate, seconds = float(sys.argv[5]), float(sys.argv[6])
 server_public, _ = zmq.auth.load_certificate(server_key)
@@ -185,7 +185,7 @@ def appliance(lab: Lab, keys: Keys, tmp_path: Path, dataplane: str) -> Iterator[
 
 def udpstream(lab: Lab, sports: str, seconds: float) -> subprocess.Popen[str]:
     """200 UDP flows at 2000 datagrams/s through the VIP, every one counted."""
-    return lab.popen("cli", [sys.executable, "-m", "hpclb.labnode", "udpstream", "--vip",
+    return lab.popen("cli", [sys.executable, "-m", "hpclb.lab.node", "udpstream", "--vip",
                              LAB_VIP, "--port", str(LAB_PORT), "--sports", sports, "--pps",
                              "2000", "--duration", str(seconds), "--linger", "2", "--json"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)

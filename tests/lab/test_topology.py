@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclb.lab import CLIENT_IP, LB_IP, Lab, LabError, backend_ip
+from hpclb.lab.topology import CLIENT_IP, LB_IP, Lab, LabError, backend_ip
 
 pytestmark = pytest.mark.root
 
@@ -207,7 +207,7 @@ def _lab_in_child(prefix: str) -> subprocess.Popen[str]:
     """A Python process that builds a one-backend lab, starts its server and waits."""
     code = textwrap.dedent(f"""
         import time
-        from hpclb.lab import Lab
+        from hpclb.lab.topology import Lab
         with Lab(prefix={prefix!r}, backends=1) as lab:
             lab.start_backend(1)
             print("up", flush=True)
@@ -291,7 +291,7 @@ def test_xdp_tx_reaches_backend(bpf_objs: tuple[Path, Path]) -> None:
 
 
 def test_xdp_tx_with_gro_only_stalls(bpf_objs: tuple[Path, Path]) -> None:
-    """Documents the kernel behaviour behind the lab's choice (see hpclb.lab's docstring):
+    """Documents the kernel behaviour behind the lab's choice (see hpclb.lab.topology's docstring):
     with only GRO on v-lb, XDP_TX frames queue on its ring without being flushed."""
     tx_obj, _ = bpf_objs
     with Lab(prefix=unique_prefix(), backends=1, peer_gro=True) as lab:

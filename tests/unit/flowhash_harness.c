@@ -2,7 +2,7 @@
  *
  * flowhash_harness.c - runs dataplane/common/lb_hash.h on lines read from
  * stdin, so that tests/unit/test_flowhash.py can compare the C hash with
- * control/hpclb/flowhash.py bit for bit. Built by the test itself:
+ * control/hpclb/contract/flowhash.py bit for bit. Built by the test itself:
  *
  *   cc -O2 -Wall -Wextra -Werror -I dataplane/common flowhash_harness.c
  *

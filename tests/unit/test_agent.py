@@ -55,7 +55,7 @@ from hpclb.agent.sources import (
     parse_ipmctl_performance,
     run_tool,
 )
-from hpclb.telemetry import decode, encode
+from hpclb.telemetry.message import decode, encode
 
 MiB = 2**20
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -13,7 +13,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
 
 
 def hpclb(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpclb.cli", *args],
+    return subprocess.run([sys.executable, "-m", "hpclb.faces.cli", *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -146,8 +146,8 @@ def test_run_logs_the_empty_pool_warning_at_start_and_reload(
     warn_empty_pools next to warn_small_rings, once each)."""
     import inspect
 
-    from hpclb import controller
     from hpclb.config import parse_config
+    from hpclb.controller import core as controller
 
     with caplog.at_level(logging.WARNING, logger="hpclb.controller"):
         controller.warn_empty_pools(parse_config(EMPTY_POOL_CONFIG))

@@ -11,18 +11,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclb import config
 from hpclb.config import (
     LB_MAX_BACKENDS,
     LB_MAX_VIPS,
     MAX_CONFIG_BYTES,
-    BackendState,
+    AdminState,
     ConfigError,
     HpclbConfig,
     VipProtocol,
     load_config,
     parse_config,
 )
+from hpclb.config import loader as config_loader
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
 
@@ -79,7 +79,7 @@ def test_base_is_valid() -> None:
     assert cfg.appliance.control_socket == "ipc:///run/hpclb/dataplane.sock"
     b1, b2 = cfg.pools["web"].backends
     assert b1.address == IPv4Address("198.18.0.11") and b1.via == "eth1"
-    assert b2.weight == 1.0 and b2.mac is None and b2.state is BackendState.UP
+    assert b2.weight == 1.0 and b2.mac is None and b2.state is AdminState.UP
     assert cfg.vips[0].protocol is VipProtocol.TCP and cfg.vips[0].protocol.number == 6
 
 
@@ -409,18 +409,18 @@ def test_an_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:
 
 
 def _outcome(text: str, fast: bool) -> str:
-    saved = config._FastLoader
+    saved = config_loader._FastLoader
     if not fast:
-        config._FastLoader = None
+        config_loader._FastLoader = None
     try:
         return parse_config(text, "f.yaml").model_dump_json()
     except ConfigError as exc:
         return "refused:" + "\n".join(f"{i.line}:{i.path}" for i in exc.issues)
     finally:
-        config._FastLoader = saved
+        config_loader._FastLoader = saved
 
 
-@pytest.mark.skipif(config._FastLoader is None, reason="PyYAML without libyaml")
+@pytest.mark.skipif(config_loader._FastLoader is None, reason="PyYAML without libyaml")
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_libyaml_and_the_reference_loader_agree(data: st.DataObject) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from hpclb import install, maglev
-from hpclb.dataplane import dpdk_telemetry, exception_path
+from hpclb.balancing import maglev
+from hpclb.contract.tables import STAT_NAMES, Backend, BackendState, TableSet, Vip
+from hpclb.dataplane import exception_path
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
     DpdkPort,
@@ -33,7 +34,8 @@ from hpclb.dataplane.dpdk import (
 )
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess
-from hpclb.dataplane.tables import STAT_NAMES, Backend, BackendState, TableSet, Vip
+from hpclb.host import install
+from hpclb.lab import dpdk_telemetry
 
 pytestmark = [
     pytest.mark.root,

@@ -1,4 +1,4 @@
-"""control/hpclb/flowhash.py agrees bit for bit with dataplane/common/lb_hash.h.
+"""control/hpclb/contract/flowhash.py agrees bit for bit with dataplane/common/lb_hash.h.
 
 The reference model predicts a flow's backend with the Python hash and the
 conformance suite compares that with what the data planes did, so a Python/C
@@ -22,9 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclb import flowhash
-from hpclb.dataplane import tables
-from hpclb.flowhash import (
+from hpclb.contract import flowhash, tables
+from hpclb.contract.flowhash import (
     flow_hash,
     flow_hash_many,
     flow_key_bytes,

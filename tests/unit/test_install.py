@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpclb import install, maglev
+from hpclb.balancing import maglev
 from hpclb.config import parse_config
-from hpclb.controller import PYTHON_FILL_MAX_S, check_maglev_fill
+from hpclb.controller.core import PYTHON_FILL_MAX_S, check_maglev_fill
+from hpclb.host import install
 
 PACKAGE = Path(install.__file__).parent
 
@@ -161,9 +162,9 @@ def test_without_the_c_fill_start_warns_or_refuses(tmp_path: Path) -> None:
     before anything else is touched (an empty Controller gets no further)."""
     script = textwrap.dedent("""
         import logging, sys
-        from hpclb import maglev
+        from hpclb.balancing import maglev
         from hpclb.config import parse_config
-        from hpclb.controller import Controller, StartError, check_maglev_fill
+        from hpclb.controller.core import Controller, StartError, check_maglev_fill
 
         logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
         print("MISSING", maglev.c_fill_missing())

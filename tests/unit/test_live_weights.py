@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpclb.backend_health import BackendHealth
 from hpclb.config import parse_config
-from hpclb.live_weights import STATIC_RAMP_STEPS, LiveWeights, static_ramp
-from hpclb.telemetry import TelemetryMessage
+from hpclb.controller.backends import STATIC_RAMP_STEPS, LiveWeights, static_ramp
+from hpclb.health.backend import BackendHealth
+from hpclb.telemetry.message import TelemetryMessage
 
 CONFIG = """\
 appliance: {name: gw, interfaces: {ingress: eth0}, hash_key: 000102030405060708090a0b0c0d0e0f,

@@ -3,7 +3,7 @@
 Property tests (hypothesis) on small prime rings check what must hold for every
 input: exact shares, weight 0, order and id independence, patch round trips.
 Fixed-input tests at the default size 65537 pin down the disruption numbers
-that the module docstring of hpclb.maglev quotes, and one golden ring pins the
+that the module docstring of hpclb.balancing.maglev quotes, and one golden ring pins the
 algorithm itself (appliances of one fleet running different releases must
 build the same ring).
 """
@@ -19,19 +19,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclb import maglev
-from hpclb.dataplane.tables import RING_SIZE_DEFAULT, RING_SIZE_MAX
-from hpclb.maglev import (
+from hpclb.balancing import maglev
+from hpclb.balancing.maglev import (
     NO_BACKEND,
-    Backend,
-    apply_patch,
+    RingMember,
     build_table,
     check_ring_size,
-    diff_tables,
     is_prime,
     quotas,
     slot_counts,
 )
+from hpclb.contract.ringdiff import apply_patch, diff_tables
+from hpclb.contract.tables import RING_SIZE_DEFAULT, RING_SIZE_MAX
 
 SMALL_PRIMES = (2, 3, 251, 1009, 4099)
 SIZE = RING_SIZE_DEFAULT
@@ -153,7 +152,7 @@ def test_golden_ring() -> None:
     """The algorithm is part of the fleet contract: two releases must agree.
 
     A deliberate change of algorithm bumps the hash personalisation in
-    hpclb.maglev and this digest together, and is announced as a fleet-wide
+    hpclb.balancing.maglev and this digest together, and is announced as a fleet-wide
     change (every ring moves).
     """
     members = [(i, f"node-{i}", w) for i, w in enumerate([1.0, 2.0, 0.5, 3.0, 0.0, 1.0])]
@@ -170,7 +169,7 @@ def test_member_forms_agree() -> None:
     triples = [(7, "7", 1.0), (3, "3", 2.5), (9, "9", 0.0)]
     expected = build_table(triples, 1009)
     np.testing.assert_array_equal(build_table([(i, w) for i, _, w in triples], 1009), expected)
-    np.testing.assert_array_equal(build_table([Backend(*m) for m in triples], 1009), expected)
+    np.testing.assert_array_equal(build_table([RingMember(*m) for m in triples], 1009), expected)
     ints = build_table([(7, "7", 1), (3, "3", np.float32(2.5)), (9, "9", 0)], 1009)  # type: ignore[list-item]
     np.testing.assert_array_equal(ints, expected)
 
@@ -205,7 +204,7 @@ def test_removing_one_of_n_moves_fewer_than_2_over_n(n: int) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="Maglev at 65537 slots: removing one of 1000 backends moves 6.4-6.8x the "
-    "minimum (about 440 slots, limit 131); see hpclb.maglev's docstring",
+    "minimum (about 440 slots, limit 131); see hpclb.balancing.maglev's docstring",
 )
 def test_removing_one_of_1000_moves_fewer_than_2_over_n() -> None:
     n = 1000

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpclb import metrics
+from hpclb.faces import metrics
 
 STATUS: dict[str, Any] = {
     "health": {"b1": {"up": True},

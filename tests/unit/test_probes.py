@@ -23,21 +23,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclb.netns import new_netns
-from hpclb.probes import (
+from hpclb.config.probes import ProbeConfig
+from hpclb.health import (
     HealthChecker,
     IcmpPinger,
-    ProbeConfig,
     ProbeError,
     TcpConnector,
     Transition,
     http_get,
     open_icmp_socket,
 )
-from hpclb.probes import icmp as icmp_mod
-from hpclb.probes import tcp as tcp_mod
-from hpclb.probes.http import build_request, host_header, parse_status
-from hpclb.probes.icmp import checksum, echo_request
+from hpclb.health import icmp as icmp_mod
+from hpclb.health import tcp as tcp_mod
+from hpclb.health.http import build_request, host_header, parse_status
+from hpclb.health.icmp import checksum, echo_request
+from hpclb.host.netns import new_netns
 
 from .probe_sockets import syn_dropping_port
 
@@ -649,7 +649,7 @@ def test_checker_survives_broken_callbacks() -> None:
 
 @root_only
 def test_enter_netns_joins_another_threads_namespace() -> None:
-    from hpclb.netns import enter_netns
+    from hpclb.host.netns import enter_netns
 
     ready = threading.Event()
     done = threading.Event()

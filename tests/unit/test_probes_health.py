@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hpclb.probes import Damper, DampingConfig, HealthState, ProbeConfig
+from hpclb.config.probes import DampingConfig, ProbeConfig
+from hpclb.health import Damper, HealthState
 
 NO_DAMPING = {"enabled": False}
 

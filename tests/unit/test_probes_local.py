@@ -29,26 +29,26 @@ from typing import Any
 
 import pytest
 
-from hpclb import probe_thread
-from hpclb.probe_thread import ProbeThread
-from hpclb.probes import (
+from hpclb.config.probes import ProbeConfig
+from hpclb.health import (
     ALARM_HOLD_S,
     TIMEOUT,
     HealthChecker,
     LoopStalls,
-    ProbeConfig,
     ProbeOutcome,
     ProbeResult,
     Transition,
     stall_during,
 )
-from hpclb.probes.checker import judge
+from hpclb.health import thread as probe_thread
+from hpclb.health.checker import judge
+from hpclb.health.thread import ProbeThread
 
 from .probe_sockets import syn_dropping_port
 
 WAIT = 10.0
 NO_DAMPING = {"enabled": False}
-CHECKER_LOG = "hpclb.probes.checker"
+CHECKER_LOG = "hpclb.health.checker"
 
 
 async def wait_for(predicate: Callable[[], bool]) -> None:
@@ -159,7 +159,7 @@ def records(caplog: pytest.LogCaptureFixture, level: int, text: str) -> list[str
 
 def test_out_of_file_descriptors_is_unknown_never_down(caplog: pytest.LogCaptureFixture
                                                         ) -> None:
-    caplog.set_level(logging.INFO, logger="hpclb.probes")
+    caplog.set_level(logging.INFO, logger="hpclb.health")
     clock = Clock()
 
     async def main(tcp_port: int, web_port: int) -> None:
@@ -304,7 +304,7 @@ def test_a_timeout_taken_while_the_loop_stalled_is_unknown() -> None:
 
 def test_damping_hold_is_logged_once_with_a_release_time(caplog: pytest.LogCaptureFixture
                                                           ) -> None:
-    caplog.set_level(logging.INFO, logger="hpclb.probes")
+    caplog.set_level(logging.INFO, logger="hpclb.health")
     clock = Clock()
     got: dict[str, Any] = {}
 
@@ -412,7 +412,7 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         assert thread.stats() is snap["stats"]
         # Block the probe loop until we let it go: snapshot() and stats() return
         # while it is still blocked, so they cannot have waited on it.
-        loop = thread._loop
+        loop = thread._thread.loop
         assert loop is not None
         blocked, release, after = threading.Event(), threading.Event(), threading.Event()
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpclb.probes import ProbeOutcome, ProbeResult, ProbeScheduler, place_phases
+from hpclb.health import ProbeOutcome, ProbeResult, ProbeScheduler, place_phases
 
 WAIT = 10.0
 EPS = 1e-6

@@ -35,7 +35,6 @@ import msgpack
 import pytest
 import zmq
 
-from hpclb import install
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
     DpdkPort,
@@ -43,6 +42,7 @@ from hpclb.dataplane.dpdk import (
     forwarder_argv,
     reserve_hugepages,
 )
+from hpclb.host import install
 
 REPO = Path(__file__).resolve().parents[2]
 try:

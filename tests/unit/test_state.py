@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclb.state import Checkpoint, IdTable
+from hpclb.controller.ids import Checkpoint, IdTable
 
 
 def test_ids_are_stable_and_a_freed_id_is_not_handed_straight_out() -> None:

@@ -200,7 +200,7 @@ def test_while_starting_overlaps_the_start_up_and_cannot_break_it(
                       while_starting=while_starting,
                       after_ready=lambda: calls.append("after_ready"))
     processes.append(dp)
-    with caplog.at_level(logging.ERROR, logger="hpclb.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="hpclb.dataplane.supervisor"):
         dp.start()
     assert calls == ["before_start", "while_starting", "after_ready"]
     assert "while the data plane started" in caplog.text and dp.alive()

@@ -1,7 +1,7 @@
 """The Python mirror of dataplane/common/lb_tables.h agrees with the header.
 
 Compiles a probe against the real header and compares every struct size,
-every field offset and every constant with hpclb.dataplane.tables (and the
+every field offset and every constant with hpclb.contract.tables (and the
 limits hpclb.config enforces).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpclb.dataplane import tables
+from hpclb.contract import tables
 
 COMMON = Path(__file__).resolve().parents[2] / "dataplane" / "common"
 

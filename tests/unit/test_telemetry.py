@@ -17,7 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpclb.telemetry import (
+from hpclb.balancing.weights import WeightTracker
+from hpclb.config.weights import WeightPolicy
+from hpclb.controller.backends import to_node_sample
+from hpclb.telemetry.message import (
     DECODE_REASONS,
     MAX_EXTRA,
     MAX_GPUS,
@@ -29,9 +32,7 @@ from hpclb.telemetry import (
     TelemetryMessage,
     decode,
     encode,
-    to_node_sample,
 )
-from hpclb.weights import WeightPolicy, WeightTracker
 
 GiB = 2**30
 

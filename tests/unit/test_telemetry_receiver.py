@@ -29,23 +29,23 @@ import pytest
 import zmq
 import zmq.auth
 
-from hpclb import telemetry_receiver
 from hpclb.agent import main as agent_main
 from hpclb.agent.publisher import Publisher
-from hpclb.telemetry import (
+from hpclb.balancing.weights import WeightTracker
+from hpclb.controller.backends import to_node_sample
+from hpclb.telemetry import receiver as telemetry_receiver
+from hpclb.telemetry.message import (
     MAX_MESSAGE_BYTES,
     TelemetryMessage,
     encode,
-    to_node_sample,
 )
-from hpclb.telemetry_receiver import (
+from hpclb.telemetry.receiver import (
     AgentIdentity,
     AllowListError,
     ReceiverThread,
     TelemetryReceiver,
     load_allow_list,
 )
-from hpclb.weights import WeightTracker
 
 TIMEOUT = 30.0
 AGENT = Path(sys.executable).parent / "hpclb-agent"
@@ -658,14 +658,14 @@ def test_bind_endpoints() -> None:
 STALL = r"""
 import resource, socket, sys, time
 from pathlib import Path
-from hpclb.telemetry_receiver import ReceiverThread, TelemetryReceiver
+from hpclb.telemetry.receiver import ReceiverThread, TelemetryReceiver
 root = Path(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 th = ReceiverThread(TelemetryReceiver("tcp://127.0.0.1:*", root / "server.key_secret",
                                       root / "allow", lambda m, i: None,
                                       max_unauthenticated=10_000))
 th.start()
-th._loop.call_soon_threadsafe(time.sleep, 2.0)  # the receiver's loop stops turning
+th._thread.loop.call_soon_threadsafe(time.sleep, 2.0)  # the receiver's loop stops turning
 port = int(th.endpoint.rsplit(":", 1)[1])
 socks = [socket.socket() for _ in range(3000)]
 for s in socks:  # ~3,000 monitor events unread: libzmq blocks on the full pipe

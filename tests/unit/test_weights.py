@@ -18,18 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from hpclb.config import WeightsMode
-from hpclb.weights import (
-    ONE,
+from hpclb.balancing.weights import (
     REJECT_REASONS,
     GpuSample,
     NodeSample,
-    WeightPolicy,
     WeightTracker,
     pool_weights,
     score,
     static_weights,
 )
+from hpclb.config import WeightsMode
+from hpclb.config.weights import ONE, WeightPolicy
 
 #: Only the formula and the clamp: no smoothing, no hysteresis, no rate limit, no ramp.
 RAW_KW: dict = {"alpha": 1.0, "step": 0.0, "max_rate": None, "slow_start_s": 0.0}

@@ -20,7 +20,7 @@ from hpclb.agent import procstat
 from hpclb.agent.cgroup import CgroupMeter
 from hpclb.agent.gpu import NvmlGpus
 from hpclb.agent.sources import MetricSource
-from hpclb.telemetry import (
+from hpclb.telemetry.message import (
     MAX_EXTRA,
     MAX_GPUS,
     MAX_NUMA_NODES,

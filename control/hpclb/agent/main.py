@@ -36,7 +36,7 @@ from hpclb.agent.gpu import NvmlGpus
 from hpclb.agent.procstat import ProcError, read_memory
 from hpclb.agent.publisher import Publisher
 from hpclb.agent.sources import available_sources
-from hpclb.telemetry import NODE_ID_PATTERN, TelemetryError, encode
+from hpclb.telemetry.message import NODE_ID_PATTERN, TelemetryError, encode
 
 log = logging.getLogger("hpclb.agent")
 

@@ -14,7 +14,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from hpclb.dataplane.tables import (
+from hpclb.contract.tables import (
     PROTOCOL_VERSION,
     RING_PATCH_DTYPE,
     Backend,

@@ -15,7 +15,7 @@ from typing import Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
-from hpclb import install
+from hpclb.host import install
 
 PortDriver = Literal["af_xdp", "af_packet", "pci"]
 HUGEPAGE_SYSFS = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")

@@ -47,7 +47,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError, NetNS
 
-log = logging.getLogger("hpclb.exception_path")
+log = logging.getLogger(__name__)
 
 RT_TABLE_MAIN = 254
 RTN_BLACKHOLE = 6

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from hpclb.contract.ringdiff import diff_tables
+from hpclb.contract.tables import Backend, BackendState, TableSet, Vip, VipMode, mac_str
 from hpclb.dataplane.client import DataplaneClient
-from hpclb.dataplane.tables import Backend, BackendState, TableSet, Vip, VipMode, mac_str
-from hpclb.maglev import diff_tables
 
 
 @dataclass

@@ -31,7 +31,7 @@ from hpclb.dataplane.dpdk import (
 )
 from hpclb.dataplane.supervisor import find_xdp_daemon
 
-log = logging.getLogger("hpclb.select")
+log = logging.getLogger(__name__)
 
 # How often a starting forwarder's TAP is looked for.
 TAP_POLL_S = 0.01

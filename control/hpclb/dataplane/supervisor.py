@@ -35,11 +35,11 @@ from typing import Any
 import msgpack
 import zmq
 
-from hpclb import install
+from hpclb.contract.tables import PROTOCOL_VERSION
 from hpclb.dataplane.client import DataplaneClient, DataplaneError, DataplaneTimeout
-from hpclb.dataplane.tables import PROTOCOL_VERSION
+from hpclb.host import install
 
-log = logging.getLogger("hpclb.supervisor")
+log = logging.getLogger(__name__)
 
 
 def find_xdp_daemon() -> str:

@@ -1,0 +1,83 @@
+"""The appliance's configuration: the models (:mod:`.schema`), the YAML loader
+whose errors name file, line and field (:mod:`.loader`), and the per-pool
+models of the probes (:mod:`.probes`) and of the weight formula
+(:mod:`.weights`). This floor imports only the contract beneath it.
+"""
+
+from __future__ import annotations
+
+from hpclb.config.loader import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    ConfigIssue,
+    load_config,
+    parse_config,
+)
+from hpclb.config.schema import (
+    DEFAULT_TELEMETRY_PORT,
+    LB_HASH_KEY_LEN,
+    LB_MAX_BACKENDS,
+    LB_MAX_FLOWS,
+    LB_MAX_PORTS,
+    LB_MAX_VIPS,
+    LB_RING_SIZE_DEFAULT,
+    LB_RING_SIZE_MAX,
+    PCI_ADDRESS,
+    AdminState,
+    ApplianceConfig,
+    BackendConfig,
+    Dataplane,
+    DpdkConfig,
+    DpdkDriver,
+    ForwardingMode,
+    HpclbConfig,
+    IfName,
+    InterfacesConfig,
+    Loc,
+    Name,
+    NumaPolicy,
+    PoolConfig,
+    TelemetryConfig,
+    VipConfig,
+    VipProtocol,
+    WeightsMode,
+    XdpConfig,
+    XdpMode,
+)
+
+__all__ = [
+    "DEFAULT_TELEMETRY_PORT",
+    "LB_HASH_KEY_LEN",
+    "LB_MAX_BACKENDS",
+    "LB_MAX_FLOWS",
+    "LB_MAX_PORTS",
+    "LB_MAX_VIPS",
+    "LB_RING_SIZE_DEFAULT",
+    "LB_RING_SIZE_MAX",
+    "MAX_CONFIG_BYTES",
+    "PCI_ADDRESS",
+    "AdminState",
+    "ApplianceConfig",
+    "BackendConfig",
+    "ConfigError",
+    "ConfigIssue",
+    "Dataplane",
+    "DpdkConfig",
+    "DpdkDriver",
+    "ForwardingMode",
+    "HpclbConfig",
+    "IfName",
+    "InterfacesConfig",
+    "Loc",
+    "Name",
+    "NumaPolicy",
+    "PoolConfig",
+    "TelemetryConfig",
+    "VipConfig",
+    "VipProtocol",
+    "WeightsMode",
+    "XdpConfig",
+    "XdpMode",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,450 @@
+"""hpclb configuration: the pydantic models and their cross-field checks.
+
+    cfg = parse_config(text)          # hpclb.config.loader, re-exported by hpclb.config
+    cfg.appliance.hash_key_bytes, cfg.pools["web"].backends[0].address, ...
+
+Limits come from the table contract (hpclb.contract.tables), so the
+configuration can never ask for more than the data planes hold.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from enum import StrEnum
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hpclb.config.probes import ProbeConfig
+from hpclb.config.weights import WeightPolicy
+from hpclb.contract import tables
+
+# Limits of dataplane/common/lb_tables.h, through its Python mirror (checked
+# against the header by tests/unit/test_tables_layout.py).
+LB_MAX_VIPS = tables.MAX_VIPS
+LB_MAX_BACKENDS = tables.MAX_BACKENDS
+LB_MAX_PORTS = tables.MAX_PORTS  # egress ports, index 0 is the ingress port itself
+LB_MAX_FLOWS = tables.MAX_FLOWS
+LB_RING_SIZE_DEFAULT = tables.RING_SIZE_DEFAULT
+LB_RING_SIZE_MAX = tables.RING_SIZE_MAX
+LB_HASH_KEY_LEN = tables.HASH_KEY_LEN
+
+Loc = tuple[str | int, ...]
+
+
+def loc_path(loc: Loc) -> str:
+    """("vips", 0, "port") -> "vips[0].port": a field as the user wrote it."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+DEFAULT_TELEMETRY_PORT = 5557
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
+
+
+class Dataplane(StrEnum):
+    AUTO = "auto"
+    XDP = "xdp"
+    DPDK = "dpdk"
+
+
+class XdpMode(StrEnum):
+    AUTO = "auto"
+    NATIVE = "native"
+    GENERIC = "generic"
+
+
+class WeightsMode(StrEnum):
+    STATIC = "static"  # the configured weights
+    DYNAMIC = "dynamic"  # configured weight x capacity left, from the nodes' telemetry
+
+
+class AdminState(StrEnum):
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class VipProtocol(StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+
+    @property
+    def number(self) -> int:
+        return 6 if self is VipProtocol.TCP else 17
+
+
+class ForwardingMode(StrEnum):
+    DSR = "dsr"
+    NAT = "nat"  # reserved (lb_vip_mode LB_MODE_NAT)
+    TUNNEL = "tunnel"  # reserved (LB_MODE_TUNNEL)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Problems(ValueError):
+    """Cross-field problems, each with its own location (relative to the model's root)."""
+
+    def __init__(self, problems: list[tuple[Loc, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{loc_path(loc)}: {msg}" for loc, msg in problems))
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def _not_a_number(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("must be a string; quote it so YAML does not read it as a number")
+    return value
+
+
+class XdpConfig(_Strict):
+    mode: XdpMode = XdpMode.AUTO
+    flow_table_size: int = Field(LB_MAX_FLOWS, strict=True, ge=1, le=LB_MAX_FLOWS)
+
+
+class DpdkDriver(StrEnum):
+    AF_XDP = "af_xdp"  # a vdev on the kernel interface (AF_XDP socket)
+    AF_PACKET = "af_packet"  # a vdev on the kernel interface (AF_PACKET socket)
+    PCI = "pci"  # interfaces name PCI addresses of NICs bound to vfio-pci
+
+
+class NumaPolicy(StrEnum):
+    STRICT = "strict"  # refuse a worker lcore on another socket than its port
+    WARN = "warn"
+
+
+PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+class DpdkConfig(_Strict):
+    # None: pci when the interfaces are PCI addresses; otherwise a vdev must
+    # be asked for (af_xdp or af_packet), and `dataplane: auto` picks XDP.
+    driver: DpdkDriver | None = None
+    # The first lcore runs the control channel, each other one a worker with
+    # its own RX/TX queue on every port.
+    lcores: list[Annotated[int, Field(strict=True, ge=0, le=1023)]] = Field(
+        default_factory=lambda: [0, 1], min_length=2, max_length=64)
+    hugepages_mb: int = Field(512, strict=True, ge=64, le=1 << 20)
+    # Grow the 2 MB hugepage pool at start when fewer are free (appliance
+    # provisioning normally reserves them at boot, where memory is unfragmented).
+    reserve_hugepages: bool = False
+    flow_table_size: int = Field(262144, strict=True, ge=64, le=1 << 26)  # per worker
+    flow_timeout_s: int = Field(300, strict=True, ge=1, le=86400)
+    # 0 polls without pause (a dedicated core); a small value lets a shared or
+    # lab host breathe when there is no traffic, at the cost of wake-up latency.
+    idle_sleep_us: int = Field(0, strict=True, ge=0, le=100000)
+    numa: NumaPolicy = NumaPolicy.WARN
+    # One TAP per port gives the kernel what is not for a VIP; the addresses of
+    # a vdev's kernel interface move onto it while the forwarder runs.
+    exception_path: bool = True
+    tap_prefix: str = Field("hpclb", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,12}$")
+
+    @field_validator("lcores")
+    @classmethod
+    def _distinct_lcores(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"lcores must be distinct, got {v}")
+        return v
+
+
+class InterfacesConfig(_Strict):
+    ingress: IfName
+    egress: list[IfName] = Field(default_factory=list, max_length=LB_MAX_PORTS - 1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> InterfacesConfig:
+        problems: list[tuple[Loc, str]] = []
+        for i, name in enumerate(self.egress):
+            if name == self.ingress:
+                problems.append((("egress", i), f"{name!r} is the ingress interface"))
+            elif name in self.egress[:i]:
+                problems.append((("egress", i), f"{name!r} is listed twice"))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+
+class ApplianceConfig(_Strict):
+    name: Name
+    dataplane: Dataplane = Dataplane.AUTO
+    interfaces: InterfacesConfig
+    netns: str | None = Field(None, min_length=1, max_length=255)
+    hash_key: str
+    ring_size: int = Field(LB_RING_SIZE_DEFAULT, strict=True)
+    # ipc only: the socket's file permissions (0600, root) are the guard; a tcp
+    # endpoint would let anyone who reaches the port rewrite the tables.
+    control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
+    xdp: XdpConfig = Field(default_factory=XdpConfig)
+    dpdk: DpdkConfig = Field(default_factory=DpdkConfig)
+    # The appliance's own address for its services (telemetry receiver, metrics
+    # exporter), inside `netns` when that is set. Never a VIP: a service bound
+    # there would be reachable by every client through the VIP.
+    management_address: IPv4Address | None = None
+    # Prometheus exporter, "host:port" (e.g. 10.0.0.5:9108) or ":port" (on the
+    # management address); bound inside `netns`; none when unset.
+    metrics: str | None = Field(None, pattern=r"^[^\s:/]*:\d{1,5}$")
+
+    @property
+    def metrics_endpoint(self) -> tuple[str, int] | None:
+        """(address, port) the exporter binds, or None without one."""
+        if self.metrics is None:
+            return None
+        host, _, port = self.metrics.rpartition(":")
+        return (host or str(self.management_address)), int(port)
+
+    @model_validator(mode="after")
+    def _dpdk_ports(self) -> ApplianceConfig:
+        names = [self.interfaces.ingress, *self.interfaces.egress]
+        pci = [bool(PCI_ADDRESS.match(n)) for n in names]
+        if any(pci) and not all(pci):
+            raise _Problems([(("interfaces",), "mix of PCI addresses and interface names: "
+                              "DPDK ports are either all NICs or all vdevs")])
+        if any(pci) and self.dataplane == Dataplane.XDP:
+            raise _Problems([(("dataplane",), "xdp needs kernel interface names, the "
+                              "interfaces are PCI addresses")])
+        if any(pci) and self.dpdk.driver not in (None, DpdkDriver.PCI):
+            raise _Problems([(("dpdk", "driver"), f"{self.dpdk.driver.value} wraps a kernel "
+                              "interface, the interfaces are PCI addresses")])
+        if not any(pci) and self.dpdk.driver == DpdkDriver.PCI:
+            raise _Problems([(("dpdk", "driver"), "pci needs the interfaces as PCI addresses "
+                              "(0000:3b:00.0)")])
+        return self
+
+    @property
+    def pci_ports(self) -> bool:
+        return bool(PCI_ADDRESS.match(self.interfaces.ingress))
+
+    @field_validator("hash_key", mode="before")
+    @classmethod
+    def _hash_key_text(cls, v: Any) -> Any:
+        return _not_a_number(v)
+
+    @field_validator("hash_key")
+    @classmethod
+    def _hash_key_hex(cls, v: str) -> str:
+        if not re.fullmatch(rf"[0-9a-fA-F]{{{2 * LB_HASH_KEY_LEN}}}", v):
+            raise ValueError(
+                f"must be {2 * LB_HASH_KEY_LEN} hex digits ({LB_HASH_KEY_LEN} bytes), "
+                f"got {len(v)} characters"
+            )
+        return v.lower()
+
+    @field_validator("ring_size")
+    @classmethod
+    def _ring_prime(cls, v: int) -> int:
+        if not 3 <= v <= LB_RING_SIZE_MAX:
+            raise ValueError(f"must be between 3 and {LB_RING_SIZE_MAX}, got {v}")
+        if not _is_prime(v):
+            raise ValueError(f"must be a prime, {v} is not (the default is {LB_RING_SIZE_DEFAULT})")
+        return v
+
+    @property
+    def hash_key_bytes(self) -> bytes:
+        return bytes.fromhex(self.hash_key)
+
+
+class BackendConfig(_Strict):
+    name: Name
+    address: IPv4Address
+    weight: float = Field(1.0, strict=True, ge=0, allow_inf_nan=False)
+    mac: str | None = None
+    via: IfName | None = None
+    state: AdminState = AdminState.UP
+
+    @field_validator("mac", mode="before")
+    @classmethod
+    def _mac(cls, v: Any) -> Any:
+        v = _not_a_number(v)
+        if not isinstance(v, str):
+            return v
+        octets = re.fullmatch(r"([0-9a-fA-F]{2})" + r"[:-]?([0-9a-fA-F]{2})" * 5, v.strip())
+        if octets is None:
+            raise ValueError("not a MAC address (expected aa:bb:cc:dd:ee:ff)")
+        if int(octets[1], 16) & 1 or not any(int(o, 16) for o in octets.groups()):
+            raise ValueError("must be a unicast, non-zero MAC address")
+        return ":".join(octets.groups()).lower()
+
+
+class PoolConfig(_Strict):
+    weights: WeightsMode = WeightsMode.STATIC
+    # The pool's weight formula and dynamics (dynamic pools; slow_start_s applies
+    # to static pools too): a GPU pool sets gpu > 0 (hybrid sharding: GPU nodes
+    # weighed by their free GPU memory too).
+    policy: WeightPolicy = Field(default_factory=WeightPolicy)
+    # Health probe of every backend of the pool; none: only the admin state and
+    # (with an agent) missed heartbeats take a backend out.
+    probe: ProbeConfig | None = None
+    backends: list[BackendConfig] = Field(default_factory=list, max_length=LB_MAX_BACKENDS)
+
+
+class TelemetryConfig(_Strict):
+    """Where the node agents publish (CURVE-authenticated ZeroMQ)."""
+
+    # Bound inside appliance.netns when that is set (the receiver thread enters it).
+    # Default: tcp://<appliance.management_address>:5557. Never a wildcard nor a
+    # VIP: the port must not be reachable from the client network through a VIP.
+    bind: str | None = Field(None, pattern=r"^tcp://\S+:\d+$")
+    server_key: Path  # the control plane's secret key file (hpclb-agent keygen --name server)
+    allow_dir: Path  # one <backend name>.key per agent: the name is the node the key speaks for
+    # A backend whose agent misses this many heartbeats (its announced interval
+    # each) is down until the next one arrives.
+    missed_heartbeats: int = Field(3, strict=True, ge=1, le=100)
+    # A connection that has not finished its CURVE handshake this long is closed.
+    handshake_timeout_s: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
+    # Connections accepted but not yet authenticated, at most: beyond, the
+    # receiver stops accepting for a moment (the process's files stay free).
+    max_unauthenticated: int = Field(256, strict=True, ge=8, le=10_000)
+    # Messages per second accepted from one agent (burst: twice as many);
+    # the excess is dropped and counted. Agents send every 5 s by default.
+    max_rate_per_agent: float = Field(20.0, gt=0, le=10_000, allow_inf_nan=False)
+
+    def endpoint(self, management: IPv4Address | None) -> str:
+        """The endpoint to bind: ``bind``, else the management address's port 5557."""
+        return self.bind or f"tcp://{management}:{DEFAULT_TELEMETRY_PORT}"
+
+    @property
+    def bind_host(self) -> str | None:
+        """The host part of ``bind`` as written; None when it is not set."""
+        return None if self.bind is None else self.bind[len("tcp://"):].rpartition(":")[0]
+
+
+class VipConfig(_Strict):
+    name: Name
+    address: IPv4Address
+    port: int = Field(strict=True, ge=1, le=65535)
+    protocol: VipProtocol = VipProtocol.TCP
+    mode: ForwardingMode = ForwardingMode.DSR
+    pool: Name
+
+    @field_validator("mode")
+    @classmethod
+    def _implemented(cls, v: ForwardingMode) -> ForwardingMode:
+        if v is not ForwardingMode.DSR:
+            raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' is)")
+        return v
+
+
+class HpclbConfig(_Strict):
+    appliance: ApplianceConfig
+    telemetry: TelemetryConfig | None = None
+    pools: dict[Name, PoolConfig] = Field(default_factory=dict)
+    vips: list[VipConfig] = Field(default_factory=list, max_length=LB_MAX_VIPS)
+
+    def empty_pool_warnings(self) -> list[str]:
+        """One line per VIP whose pool has no backend. Valid (a pool may await
+        its nodes), but every packet to such a VIP is dropped: worth a warning."""
+        return [f"VIP {vip.name!r} ({vip.address}:{vip.port}/{vip.protocol.value}): pool "
+                f"{vip.pool!r} has no backend; its traffic is dropped until one is added"
+                for vip in self.vips
+                if vip.pool in self.pools and not self.pools[vip.pool].backends]
+
+    def pool_of(self, backend: str) -> str | None:
+        for name, pool in self.pools.items():
+            if any(b.name == backend for b in pool.backends):
+                return name
+        return None
+
+    def _check_service_addresses(self, add: Callable[[tuple[Loc, str]], None]) -> None:
+        """The telemetry receiver and the metrics exporter bind one address of
+        the appliance's, never a wildcard (which includes every VIP the kernel
+        holds) nor a VIP."""
+        vips = {v.address for v in self.vips}
+        management = self.appliance.management_address
+        if management is not None and management in vips:
+            add((("appliance", "management_address"), f"{management} is a VIP"))
+        services: list[tuple[Loc, str | None, str]] = []
+        if self.telemetry is not None:
+            services.append((("telemetry", "bind"), self.telemetry.bind_host, "telemetry"))
+        if self.appliance.metrics is not None:
+            services.append((("appliance", "metrics"),
+                             self.appliance.metrics.rpartition(":")[0] or None, "metrics"))
+        for loc, host, what in services:
+            if host is None:
+                if management is None:
+                    add((loc, f"no address for the {what} service: give one here or set "
+                              "appliance.management_address"))
+                continue
+            try:
+                addr = IPv4Address(host)
+            except ValueError:
+                add((loc, f"{host!r} is not an IPv4 address (a name could resolve to "
+                          "anything; give the management address itself)"))
+                continue
+            if addr.is_unspecified:
+                add((loc, f"{host} is a wildcard: it reaches every address of the "
+                          "appliance, VIPs included; bind the management address"))
+            elif addr in vips:
+                add((loc, f"{host} is a VIP: clients would reach the {what} service "
+                          "through it; bind the management address"))
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> HpclbConfig:
+        problems: list[tuple[Loc, str]] = []
+        add = problems.append
+        egress = self.appliance.interfaces.egress
+        seen_backend: dict[str, Loc] = {}
+        for pool_name, pool in self.pools.items():
+            if pool.weights is WeightsMode.DYNAMIC and self.telemetry is None:
+                add((("pools", pool_name, "weights"),
+                     "dynamic weights need the node agents' telemetry: add a top-level "
+                     "`telemetry:` section (bind, server_key, allow_dir)"))
+            for i, b in enumerate(pool.backends):
+                loc: Loc = ("pools", pool_name, "backends", i)
+                if b.name in seen_backend:
+                    add(
+                        (
+                            (*loc, "name"),
+                            f"backend {b.name!r} already defined at "
+                            f"{loc_path(seen_backend[b.name])}",
+                        )
+                    )
+                seen_backend.setdefault(b.name, loc)
+                if b.via is not None and b.via not in egress:
+                    add(
+                        (
+                            (*loc, "via"),
+                            f"{b.via!r} is not an egress interface "
+                            f"(appliance.interfaces.egress: {', '.join(egress) or 'none'})",
+                        )
+                    )
+        self._check_service_addresses(add)
+        if len(seen_backend) > LB_MAX_BACKENDS:
+            add((("pools",), f"{len(seen_backend)} backends, at most {LB_MAX_BACKENDS}"))
+        seen_name: dict[str, int] = {}
+        seen_key: dict[tuple[IPv4Address, int, VipProtocol], int] = {}
+        for i, vip in enumerate(self.vips):
+            if vip.pool not in self.pools:
+                known = ", ".join(self.pools) or "none defined"
+                add((("vips", i, "pool"), f"unknown pool {vip.pool!r} (pools: {known})"))
+            if vip.name in seen_name:
+                add(
+                    (
+                        ("vips", i, "name"),
+                        f"VIP name {vip.name!r} already used by vips[{seen_name[vip.name]}]",
+                    )
+                )
+            seen_name.setdefault(vip.name, i)
+            key = (vip.address, vip.port, vip.protocol)
+            if key in seen_key:
+                add(
+                    (
+                        ("vips", i),
+                        f"{vip.address}:{vip.port}/{vip.protocol} already used by "
+                        f"vips[{seen_key[key]}]",
+                    )
+                )
+            seen_key.setdefault(key, i)
+        if problems:
+            raise _Problems(problems)
+        return self

@@ -1,0 +1,599 @@
+"""The reconcile loop: configuration + backend health + telemetry -> tables
+-> data plane.
+
+One controller per appliance. It owns the only mutable state of the control
+plane: the configuration in force, the live weights and health (LiveWeights),
+the tables last pushed, the id checkpoint and the supervised data-plane
+process. Probes and telemetry arrive from their threads (Monitors) as events.
+
+    desired = tables_for(config)          # MACs resolved, Maglev rings built
+    push_tables(client, current, desired) # only what differs
+    current = desired
+
+A backend that goes down is pushed at once; weight changes are pushed at
+once too, but at most once per PUSH_INTERVAL_S (a ramp or a burst of
+telemetry is coalesced). A data plane that dies is restarted and gets the full
+tables again.
+
+Start and reload are transactions. ``_prepare`` acquires and checks
+everything a configuration needs (key files, addresses, the telemetry socket
+bound, the faces bound (the metrics port), the data plane's command line rendered, the
+tables computed, the id checkpoint written) without changing anything in
+force; only then does ``start`` adopt or start a data plane, and ``_commit``
+put the configuration in force. A reload that fails anywhere in ``_prepare``
+is refused ("reload refused: <reason>") and changes nothing; a start that
+fails leaves a data plane it adopted forwarding with its tables (only one it
+started itself is stopped).
+
+A local fault is never a backend's: missed heartbeats count only over time
+the appliance could hear (no receiver trouble, no stalled loop), and local
+faults are raised as alarms in the status and the metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hpclb.balancing import maglev
+from hpclb.config import AdminState, ConfigError, HpclbConfig, load_config
+from hpclb.contract.tables import (
+    MAX_BACKENDS,
+    MAX_VIPS,
+    PROTOCOLS,
+    Backend,
+    BackendState,
+    TableSet,
+    Vip,
+)
+from hpclb.controller.backends import LiveWeights, Member
+from hpclb.controller.events import ProbeVerdict, TelemetryArrived
+from hpclb.controller.ids import Checkpoint
+from hpclb.controller.monitors import MonitorPlan, Monitors
+from hpclb.controller.preflight import check_host
+from hpclb.dataplane.push import push_tables
+from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
+from hpclb.dataplane.supervisor import DataplaneProcess
+from hpclb.host.neighbours import NeighbourError, resolve_mac
+
+log = logging.getLogger(__name__)
+
+# A backend without a MAC is written with this one and state DOWN: never chosen.
+NO_MAC = "00:00:00:00:00:00"
+# How often a failed push, or a backend that did not answer ARP, is retried.
+RETRY_INTERVAL_S = 5.0
+# How often the data plane must answer hello (three misses in a row: restart).
+HEALTH_INTERVAL_S = 5.0
+# Weight changes reach the data plane at most this often (a backend going
+# down is pushed at once, whatever the interval).
+PUSH_INTERVAL_S = 1.0
+# How often the status file (run_dir/NAME.status.json) is rewritten.
+STATUS_INTERVAL_S = 1.0
+# A loop turn this late (the loop waits at most 0.25 s) means the control
+# plane itself was stalled: heartbeats due meanwhile are not held against
+# the agents.
+LOOP_STALL_S = 2.0
+# How long a local fault stays on the status's alarm list after it ended.
+ALARM_HOLD_S = 10.0
+
+# Maglev (NSDI 2016) advises a table at least 100 times the backend count.
+SLOTS_PER_BACKEND_ADVISED = 100
+# Without the C Maglev fill, a configuration whose rings take longer than
+# this to rebuild in Python is refused (check_maglev_fill).
+PYTHON_FILL_MAX_S = PUSH_INTERVAL_S
+
+_STATE = {
+    AdminState.UP: BackendState.UP,
+    AdminState.DRAINING: BackendState.DRAINING,
+    AdminState.DOWN: BackendState.DOWN,
+}
+
+
+@dataclass(frozen=True)
+class Paths:
+    state_dir: Path
+    run_dir: Path
+
+    @classmethod
+    def for_appliance(cls, name: str, state_dir: Path | None, run_dir: Path | None) -> Paths:
+        return cls(
+            state_dir or Path("/var/lib/hpclb") / name,
+            run_dir or Path("/run/hpclb"),
+        )
+
+
+def warn_small_rings(config: HpclbConfig) -> None:
+    """Once per configuration read: pools too large for the ring size."""
+    ring_size = config.appliance.ring_size
+    for name, pool in config.pools.items():
+        if ring_size < SLOTS_PER_BACKEND_ADVISED * len(pool.backends):
+            log.warning(
+                "pool %s: %d backends on a %d-slot ring: below %d slots per backend, "
+                "Maglev moves more flows than needed when a backend leaves; raise "
+                "appliance.ring_size", name, len(pool.backends), ring_size,
+                SLOTS_PER_BACKEND_ADVISED)
+
+
+def check_maglev_fill(config: HpclbConfig) -> None:
+    """Without the C Maglev fill (libhpclb_maglev.so), rings are filled in
+    Python: one loud warning naming the cost, or StartError when rebuilding
+    every pool's ring would take longer than the interval between weight
+    pushes (the loop would fall behind its own pushes and probes)."""
+    missing = maglev.c_fill_missing()
+    if missing is None:
+        return
+    size = config.appliance.ring_size
+    costs = {name: maglev.python_fill_estimate_s(len(config.pools[name].backends), size)
+             for name in {v.pool for v in config.vips}}
+    total = sum(costs.values())
+    worst = max(costs, key=lambda name: costs[name], default=None)
+    cost = (f"rebuilding this configuration's rings takes ~{total * 1e3:.0f} ms"
+            + ("" if worst is None else
+               f" (largest: pool {worst}, {len(config.pools[worst].backends)} backends on "
+               f"{size} slots, ~{costs[worst] * 1e3:.0f} ms)")
+            + ", at start and at every weight change")
+    if total > PYTHON_FILL_MAX_S:
+        raise StartError(f"Maglev fill in Python, 4-30x slower than in C: {cost}, over "
+                         f"the {PYTHON_FILL_MAX_S:g} s allowed; {missing}")
+    log.warning("Maglev fill in Python, 4-30x slower than in C: %s; %s", cost, missing)
+
+
+def warn_empty_pools(config: HpclbConfig) -> None:
+    """Once per configuration read: VIPs whose pool has no backend (they drop
+    everything; valid, as a pool may await its nodes)."""
+    for warning in config.empty_pool_warnings():
+        log.warning("%s", warning)
+
+
+def pool_ring(members: tuple[Member, ...], ids: dict[str, int], ring_size: int,
+              admin: dict[str, AdminState], unreachable: set[str]) -> np.ndarray:
+    """Maglev ring of a pool: live weight, 0 for backends not up."""
+    return maglev.build_table(
+        [(ids[m.name], m.name,
+          m.weight if admin[m.name] is AdminState.UP and m.name not in unreachable else 0.0)
+         for m in members],
+        ring_size)
+
+
+class StartError(Exception):
+    """The appliance cannot start with its configuration (the message says why)."""
+
+
+@dataclass
+class Prepared:
+    """Everything a configuration needs, acquired and computed by
+    ``Controller._prepare``, not yet in force."""
+
+    config: HpclbConfig
+    monitors: MonitorPlan
+    live: LiveWeights
+    checkpoint: Checkpoint
+    desired: TableSet
+    members: dict[str, tuple[Member, ...]]
+    faces: list[FaceChange] = field(default_factory=list)  # bound, not yet in force
+    notes: list[str] = field(default_factory=list)
+
+
+class FaceChange(Protocol):
+    """What a face prepared for a configuration: put in force or released."""
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Face(Protocol):
+    """Something that shows the controller's status outside it (the metrics
+    exporter; the REST API). The CLI wires faces in; the controller only
+    prepares them with each configuration (``prepare`` binds what it needs and
+    raises StartError when it cannot, so a start or reload is refused before
+    anything is in force) and closes them when it stops."""
+
+    def prepare(self, config: HpclbConfig,
+                status: Callable[[], dict[str, Any] | None]) -> FaceChange: ...
+
+    def close(self) -> None: ...
+
+
+class Controller:
+    def __init__(
+        self,
+        config_path: Path,
+        state_dir: Path | None = None,
+        run_dir: Path | None = None,
+        keep_dataplane: bool = False,
+        faces: Sequence[Face] = (),
+    ) -> None:
+        self.config_path = config_path
+        self.config = load_config(config_path)
+        self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
+        self.keep_dataplane = keep_dataplane
+        self.faces = tuple(faces)
+        self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
+        self.current: TableSet | None = None
+        self.macs: dict[ipaddress.IPv4Address, str] = {}
+        self.choice = choose_dataplane(self.config)
+        log.info("data plane: %s (%s)", self.choice.kind.value, self.choice.reason)
+        host = DpdkHost(self.config, self.paths.run_dir) if self.choice.kind == "dpdk" else None
+        self.dpdk_host = host
+        self.wake = threading.Event()  # set by events and signals: the loop turns at once
+        self.dataplane = DataplaneProcess(
+            argv=dataplane_argv(self.config, self.choice),
+            endpoint=self.config.appliance.control_socket,
+            pidfile=self.paths.run_dir / f"{self.config.appliance.name}.pid",
+            log_path=self.paths.run_dir / f"{self.config.appliance.name}.dataplane.log",
+            before_start=host.before_start if host else None,
+            after_ready=host.after_ready if host else None,
+            after_stop=host.after_stop if host else None,
+            while_starting=host.while_starting if host else None,
+            # A data plane that dies wakes the loop at once: the restart
+            # window is what the EAL takes, not a poll interval.
+            on_exit=self.wake.set,
+        )
+        self.unresolved: set[ipaddress.IPv4Address] = set()
+        self.desired: TableSet | None = None
+        self.push_pending = False
+        self._last_retry = 0.0
+        self._last_health = time.monotonic()
+        self.reload_requested = threading.Event()
+        self.stop_requested = threading.Event()
+        self.live = LiveWeights(self.config)
+        self.monitors = Monitors(self.wake, self.config.appliance.netns)
+        self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
+        self._pushed_members: dict[str, tuple[Member, ...]] = {}
+        self._last_push = 0.0
+        self._weights_due = False
+        self._last_status = 0.0
+        self.status: dict[str, Any] | None = None  # the last snapshot (status file, faces)
+        self._touched_dataplane = False  # adopted or started by this process
+        self._started = False  # start() completed
+        self._last_turn = time.monotonic()
+        self._stalled: tuple[float, float] | None = None  # (when noticed, seconds)
+
+    # --- desired state -----------------------------------------------------
+
+    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None,
+             resolve: bool = True) -> str | None:
+        """The backend's MAC, or None when it does not answer ARP (asked again
+        only when ``resolve``: the retry tick, not every weight push)."""
+        if configured:
+            return configured
+        if addr not in self.macs and (resolve or addr not in self.unresolved):
+            try:
+                self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
+            except NeighbourError as err:
+                log.warning("%s: taken out of the ring until it answers", err)
+                self.unresolved.add(addr)
+                return None
+        self.unresolved.discard(addr)
+        return self.macs[addr]
+
+    def _ring(self, pool: str, members: tuple[Member, ...], admin: dict[str, AdminState],
+              unreachable: set[str], ring_size: int,
+              ids: dict[str, int] | None = None) -> np.ndarray:
+        """The pool's ring, rebuilt only when its members' weights changed."""
+        ids = self.checkpoint.backends.ids if ids is None else ids
+        key = (ring_size, tuple((ids[m.name], m.name, m.weight, admin[m.name],
+                                 m.name in unreachable) for m in members))
+        cached = self._rings.get(pool)
+        if cached is None or cached[0] != key:
+            cached = self._rings[pool] = (key, pool_ring(members, ids, ring_size, admin,
+                                                         unreachable))
+        return cached[1]
+
+    def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
+        """The tables of the configuration in force, with the live weights."""
+        tables, self._pushed_members = self._build_tables(config, self.live, self.checkpoint,
+                                                          resolve)
+        self.checkpoint.save()
+        return tables
+
+    def _build_tables(self, config: HpclbConfig, live: LiveWeights, checkpoint: Checkpoint,
+                resolve: bool = True) -> tuple[TableSet, dict[str, tuple[Member, ...]]]:
+        """Tables for ``config`` from ``live`` and the ids of ``checkpoint``
+        (updated in memory for new names; the caller saves it)."""
+        app = config.appliance
+        now = time.time()
+        names = {b.name for p in config.pools.values() for b in p.backends}
+        checkpoint.backends.retain(names)
+        checkpoint.vips.retain({v.name for v in config.vips})
+        egress_port = {name: i + 1 for i, name in enumerate(app.interfaces.egress)}
+
+        tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
+        unreachable: set[str] = set()
+        admin: dict[str, AdminState] = {}
+        members = {name: live.members(name, now) for name in config.pools}
+        for pool_name, pool in config.pools.items():
+            down = {m.name for m in members[pool_name] if m.down}
+            for b in pool.backends:
+                bid = checkpoint.backends.get(b.name)
+                admin[b.name] = b.state
+                mac = self._mac(b.address, b.mac, resolve)
+                if mac is None:
+                    unreachable.add(b.name)
+                # Not answering ARP or the health verdict: DOWN, its flows move.
+                tables.backends[bid] = Backend(
+                    backend_id=bid,
+                    addr=b.address,
+                    mac=mac or NO_MAC,
+                    state=(BackendState.DOWN if mac is None or b.name in down
+                           else _STATE[b.state]),
+                    port=egress_port[b.via] if b.via else 0,
+                )
+        ids = checkpoint.backends.ids
+        for v in config.vips:
+            vid = checkpoint.vips.get(v.name)
+            tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
+            tables.rings[vid] = self._ring(v.pool, members[v.pool], admin, unreachable,
+                                           app.ring_size, ids)
+        return tables, members
+
+    # --- pushing -------------------------------------------------------------
+
+    def _push(self, desired: TableSet) -> bool:
+        """Push ``desired``; on any failure, forget what we think the data plane
+        holds (the next push reads it back) and retry from the loop."""
+        self.desired = desired
+        try:
+            report = push_tables(self.dataplane.client, self.current, desired)
+        except Exception as err:  # the data plane keeps its last good tables
+            log.error("table push failed, will retry: %s", err)
+            self.current = None
+            self.push_pending = True
+            return False
+        self.current = desired
+        self.push_pending = False
+        self._last_push = time.monotonic()
+        log.info("pushed tables: %s", report.summary())
+        return True
+
+    # --- configurations, as transactions --------------------------------------
+
+    def _restart_only(self, config: HpclbConfig) -> HpclbConfig:
+        """``config`` with the settings a running data plane cannot change (its
+        command line: data plane, interfaces, socket, ring) kept as in force."""
+        if dataplane_argv(config, self.choice) == self.dataplane.argv:
+            return config
+        log.warning("data plane, interface, socket or ring settings changed: restart "
+                    "hpclb to apply them; applying the rest now")
+        new = config.appliance
+        kept = self.config.appliance.model_copy(update={
+            "hash_key": new.hash_key, "metrics": new.metrics,
+            "management_address": new.management_address})
+        return config.model_copy(update={"appliance": kept})
+
+    def _prepare(self, config: HpclbConfig, live: LiveWeights | None = None) -> Prepared:
+        """Acquire and check everything ``config`` needs; change nothing in
+        force. Raises (ConfigError, StartError, OSError...) after releasing
+        what it acquired."""
+        check_maglev_fill(config)
+        check_host(config, str(self.config_path))
+        dataplane_argv(config, self.choice)  # renders (and finds the binary)
+        plan = self.monitors.prepare(config)
+        faces: list[FaceChange] = []
+        try:
+            for face in self.faces:
+                faces.append(face.prepare(config, lambda: self.status))
+            if live is None:  # a reload: the weights as they would be, on a copy
+                live = copy.deepcopy(self.live)
+                live.reconfigure(config)
+            checkpoint = copy.deepcopy(self.checkpoint)
+            desired, members = self._build_tables(config, live, checkpoint)
+            # Before anything is pushed: a restart must find every id in use.
+            checkpoint.save()
+        except BaseException:
+            self.monitors.abort(plan)
+            for change in faces:
+                change.abort()
+            raise
+        return Prepared(config, plan, live, checkpoint, desired, members, faces)
+
+    def _commit(self, prepared: Prepared) -> None:
+        """Put a prepared configuration in force and push its tables."""
+        config = prepared.config
+        self.config = config
+        self.live = prepared.live
+        self.checkpoint = prepared.checkpoint
+        warn_small_rings(config)
+        warn_empty_pools(config)
+        for change in prepared.faces:
+            change.commit()
+        self._pushed_members = prepared.members
+        self._push(prepared.desired)
+        self.monitors.commit(prepared.monitors, config)
+
+    def start(self) -> None:
+        """Acquire everything, then adopt (or start) the data plane and push.
+        StartError/ConfigError before anything was adopted or started."""
+        try:
+            prepared = self._prepare(self.config, self.live)
+        except (ConfigError, StartError):
+            raise
+        except Exception as err:
+            raise StartError(str(err)) from err
+        self._touched_dataplane = True
+        adopted = self.dataplane.adopt_or_start()
+        hello = self.dataplane.client.hello()
+        if adopted and hello.get("ring_size") != self.config.appliance.ring_size:
+            log.warning("running data plane has a %s-slot ring, the configuration %d: "
+                        "restarting it", hello.get("ring_size"), self.config.appliance.ring_size)
+            self.dataplane.stop()
+            self.dataplane.start()
+            hello = self.dataplane.client.hello()
+        log.info(
+            "data plane %s, attach mode %s, ring size %s",
+            hello.get("dataplane"), hello.get("attach_mode"), hello.get("ring_size"),
+        )
+        self.current = None  # read back what it holds, adopted or fresh
+        self._commit(prepared)
+        self._started = True
+        self._last_turn = time.monotonic()  # a slow start is not a stalled loop
+
+    def reload(self) -> bool:
+        """Re-read the configuration file; put it in force whole, or refuse it
+        whole ("reload refused: <reason>") and change nothing."""
+        try:
+            config = self._restart_only(load_config(self.config_path))
+            prepared = self._prepare(config)
+        except Exception as err:
+            if not isinstance(err, (ConfigError, StartError, OSError, ValueError)):
+                log.debug("reload preparation failed", exc_info=True)
+            log.error("reload refused, keeping the running configuration: %s", err)
+            return False
+        self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
+        self._commit(prepared)
+        if self.dpdk_host is not None:  # VIPs added or removed: the kernel holds none
+            self.dpdk_host.sync_vips(self.config)
+        log.info("reload applied")
+        return True
+
+    # --- events --------------------------------------------------------------
+
+    def _handle_events(self) -> None:
+        """Probe verdicts and telemetry since the last turn: a health change is
+        pushed now; a weight change when the push interval allows."""
+        urgent = False
+        mono, wall = time.monotonic(), time.time()
+        for event in self.monitors.drain():
+            if isinstance(event, ProbeVerdict):
+                t = event.transition
+                urgent |= self.live.probe(t.backend, t.up, t.reason, t.time) is not None
+            elif isinstance(event, TelemetryArrived):
+                msg, mono, wall = event.msg, event.mono, event.wall
+                _, change = self.live.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
+                urgent |= change is not None
+                self._weights_due = True
+        now = time.monotonic()
+        urgent |= bool(self.live.expire(now, time.time(), self._heard_since(now)))
+        # Ramps (rate limit, slow start) move weights between events too.
+        self._weights_due |= any(self.live.trackers) or any(
+            self.live.health.up_since(b.name) is not None
+            for p in self.config.pools.values() for b in p.backends)
+        interval_over = time.monotonic() - self._last_push >= PUSH_INTERVAL_S
+        if urgent or (self._weights_due and interval_over):
+            self._weights_due = False
+            now = time.time()
+            members = {name: self.live.members(name, now) for name in self.config.pools}
+            if urgent or members != self._pushed_members:
+                self._push(self.tables_for(self.config, resolve=False))
+
+    def _heard_since(self, now: float) -> float | None:
+        """Since when the appliance could hear its agents (see BackendHealth.expire):
+        the receiver's own view, and no stall of this loop."""
+        heard = self.monitors.heard_since(now)
+        if heard is None or self._stalled is None:
+            return heard
+        return max(heard, self._stalled[0])
+
+    def _note_turn(self, now: float) -> None:
+        """A turn that comes LOOP_STALL_S late: the loop itself stalled."""
+        gap = now - self._last_turn
+        self._last_turn = now
+        if gap > LOOP_STALL_S:
+            self._stalled = (now, gap)
+            log.warning("control loop stalled %.1fs: heartbeats due meanwhile are not held "
+                        "against the agents", gap)
+
+    def alarms(self, now: float) -> list[dict[str, Any]]:
+        """Local faults in force: the monitors' and this loop's."""
+        out = self.monitors.alarms()
+        if self._stalled is not None and now - self._stalled[0] < ALARM_HOLD_S:
+            out.append({"source": "loop",
+                        "message": f"control loop stalled {self._stalled[1]:.1f}s "
+                                   f"{now - self._stalled[0]:.0f}s ago"})
+        return out
+
+    def _health_report(self, report: dict[str, Any]) -> None:
+        """Add what the probes know (unknown verdicts, damping) to each backend."""
+        verdicts = self.monitors.probe_verdicts()
+        for name, h in report.get("health", {}).items():
+            v = verdicts.get(name, {})
+            h["unknown"] = bool(h.get("beats_unknown") or v.get("unknown"))
+            if v:
+                h["damping"] = {"suppressed": bool(v.get("suppressed")),
+                                "penalty": round(float(v.get("penalty", 0.0)), 1),
+                                "release_at": v.get("release_at")}
+
+    def write_status(self) -> None:
+        """run_dir/NAME.status.json: health, live weights, telemetry and probe
+        counters, for operators (`hpclb status`) and the lab tests."""
+        report = self.live.report(time.time())
+        self._health_report(report)
+        status = {"time": time.time(), "dataplane": self.choice.kind.value,
+                  "pushes_pending": self.push_pending,
+                  "alarms": self.alarms(time.monotonic()), **report,
+                  **self.monitors.counters()}
+        try:
+            status["dataplane_stats"] = self.dataplane.client.stats()
+        except Exception as err:  # a missing figure, not a reason to stop
+            log.debug("data-plane stats unavailable: %s", err)
+        self.status = status
+        path = self.paths.run_dir / f"{self.config.appliance.name}.status.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=1, default=str))
+        tmp.replace(path)
+
+    def step(self) -> None:
+        """One turn of the loop: restart a dead data plane, apply a reload,
+        retry a failed push, and look again for backends that did not ARP."""
+        now = time.monotonic()
+        self._note_turn(now)
+        if self.dataplane.restart_if_dead():
+            self.current = None
+            self._push(self.tables_for(self.config))
+        now = time.monotonic()
+        if now - self._last_health >= HEALTH_INTERVAL_S:
+            self._last_health = now
+            self.dataplane.check_responsive()
+        if self.reload_requested.is_set():
+            self.reload_requested.clear()
+            self.reload()
+        self._handle_events()
+        if now - self._last_status >= STATUS_INTERVAL_S:
+            self._last_status = now
+            self.write_status()
+        if now - self._last_retry >= RETRY_INTERVAL_S:
+            if self.unresolved:
+                self._last_retry = now
+                self._push(self.tables_for(self.config))
+            elif self.push_pending and self.desired is not None:
+                self._last_retry = now
+                self._push(self.desired)
+
+    def run_forever(self, poll_s: float = 0.25) -> None:
+        while not self.stop_requested.is_set():
+            try:
+                self.step()
+            except Exception:  # never take the data plane down with us
+                log.exception("control loop error; the data plane keeps its tables")
+            self.wake.wait(poll_s)
+            self.wake.clear()
+
+    def shutdown(self) -> None:
+        """Stop the monitors and the faces; stop the data plane unless told
+        to keep it, or unless this process adopted it and never finished its
+        start (a failed start must not take down traffic it did not carry)."""
+        self.monitors.stop()
+        for face in self.faces:
+            face.close()
+        if not self._touched_dataplane:
+            return  # never adopted nor started anything: nothing to leave or stop
+        if self.keep_dataplane:
+            log.info("leaving the data plane running (pid %s)", self.dataplane.pid)
+            self.dataplane.client.close()
+        elif not self._started and self.dataplane.adopted:
+            log.warning("start failed: leaving the adopted data plane (pid %s) forwarding "
+                        "with its tables", self.dataplane.pid)
+            self.dataplane.client.close()
+        else:
+            self.dataplane.stop()

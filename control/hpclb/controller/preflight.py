@@ -1,0 +1,103 @@
+"""What a configuration needs from the host, checked before anything is used.
+
+``hpclb check`` runs these after the schema (so does ``hpclb run`` before it
+adopts or starts anything, and a reload before it pushes): key files that
+exist and hold what they should, service addresses that are the appliance's
+own (in its network namespace), a namespace that exists. Each problem is one
+sentence naming the field and the file or address; nothing is changed.
+
+What cannot be known without taking it (a port another process holds) is
+found when ``hpclb run`` binds it, still before any data plane is touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Iterator
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from hpclb.config import ConfigError, ConfigIssue, HpclbConfig
+from hpclb.host.netns import inside
+from hpclb.telemetry.receiver import AllowListError, load_allow_list, load_server_key
+
+
+def _netns_problem(netns: str | None) -> str | None:
+    if netns is None:
+        return None
+    path = Path(netns) if "/" in netns else Path("/run/netns") / netns
+    return None if path.exists() else f"appliance.netns: {netns} does not exist ({path})"
+
+
+def _not_local(addresses: list[IPv4Address], netns: str | None) -> list[IPv4Address]:
+    """Those of ``addresses`` that no interface of the namespace holds: binding
+    one fails with EADDRNOTAVAIL (port 0, so nothing else is disturbed)."""
+    def probe() -> list[IPv4Address]:
+        missing = []
+        for addr in addresses:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                try:
+                    s.bind((str(addr), 0))
+                except OSError as err:
+                    if err.errno != errno.EADDRNOTAVAIL:
+                        raise
+                    missing.append(addr)
+        return missing
+
+    if netns is None:
+        return probe()
+    with inside(netns):
+        return probe()
+
+
+def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, IPv4Address]]:
+    """(field, address) of every address a service of the appliance binds."""
+    app = config.appliance
+    if app.management_address is not None:
+        yield "appliance.management_address", app.management_address
+    if config.telemetry is not None:
+        host = config.telemetry.bind_host
+        addr = IPv4Address(host) if host else app.management_address
+        if addr is not None:  # the schema requires one or the other
+            yield "telemetry.bind", addr
+    if app.metrics_endpoint is not None:
+        yield "appliance.metrics", IPv4Address(app.metrics_endpoint[0])
+
+
+def host_problems(config: HpclbConfig) -> list[str]:
+    """Everything the host lacks for ``config``; empty when it can run."""
+    problems: list[str] = []
+    netns = config.appliance.netns
+    if (p := _netns_problem(netns)) is not None:
+        return [p]  # addresses cannot be looked up in a namespace that is not there
+    t = config.telemetry
+    if t is not None:
+        try:
+            if not t.server_key.is_file():
+                raise AllowListError(f"{t.server_key} does not exist")
+            load_server_key(t.server_key)
+        except (AllowListError, OSError) as err:
+            problems.append(f"telemetry.server_key: {err}")
+        try:
+            load_allow_list(t.allow_dir)
+        except AllowListError as err:
+            problems.append(f"telemetry.allow_dir: {err}")
+    fields: dict[IPv4Address, list[str]] = {}
+    for field, addr in service_addresses(config):
+        fields.setdefault(addr, []).append(field)
+    try:
+        missing = _not_local(list(fields), netns)
+    except OSError as err:
+        return [*problems, f"cannot look up the appliance's addresses: {err}"]
+    where = f"namespace {netns}" if netns else "this host"
+    for addr in missing:
+        problems.append(f"{', '.join(fields[addr])}: {addr} is not an address of {where}")
+    return problems
+
+
+def check_host(config: HpclbConfig, source: str) -> None:
+    """ConfigError naming every problem of :func:`host_problems`."""
+    problems = host_problems(config)
+    if problems:
+        raise ConfigError([ConfigIssue(source, None, None, "", p) for p in problems])

@@ -1,0 +1,185 @@
+"""The appliance's commands of `hpclb` (check, run, stats, status); the
+lab's join them in :mod:`hpclb.main`."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from hpclb.config import ConfigError, load_config
+
+EXIT_START = 1
+EXIT_CONFIG = 2
+# The control plane is a server (telemetry connections, probe sockets): far
+# more files than the 1,024 a login shell or a bare unit gives it.
+WANT_NOFILE = 65536
+
+log = logging.getLogger(__name__)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    for warning in cfg.empty_pool_warnings():
+        print(f"{args.config}: warning: {warning}", file=sys.stderr)
+    if not args.schema_only:
+        from hpclb.controller.preflight import check_host
+
+        check_host(cfg, str(args.config))
+    backends = sum(len(p.backends) for p in cfg.pools.values())
+    what = "schema ok" if args.schema_only else "ok"
+    print(f"{args.config}: {what} ({len(cfg.vips)} VIPs, {len(cfg.pools)} pools, "
+          f"{backends} backends)")
+    return 0
+
+
+def raise_nofile_limit(want: int = WANT_NOFILE) -> tuple[int, int]:
+    """Raise the open-file limit towards ``want`` (the hard limit too, where
+    the process may); returns the (soft, hard) limits in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want, want
+        except (ValueError, OSError):  # no CAP_SYS_RESOURCE: up to the hard limit
+            pass
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft, hard
+
+
+def _private_run_dir(path: Path) -> None:
+    """The run folder and what is in it: not for every local user to read
+    (status, logs, pid files; the data plane's socket is 0600 on its own)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o750)
+    for f in path.iterdir():
+        if f.is_file() and not f.is_symlink():
+            f.chmod(f.stat().st_mode & 0o640)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hpclb.controller import Controller, StartError
+    from hpclb.faces.metrics import MetricsFace
+
+    # Files and folders this process creates: group-readable at most.
+    os.umask(0o027)
+    soft, hard = raise_nofile_limit()
+    if soft < WANT_NOFILE:
+        log.warning("open files limited to %d (hard limit %d): set LimitNOFILE=%d",
+                    soft, hard, WANT_NOFILE)
+    controller = Controller(args.config, args.state_dir, args.run_dir, args.keep_dataplane,
+                            faces=[MetricsFace()])
+    _private_run_dir(controller.paths.run_dir)
+    def request(event: threading.Event) -> None:
+        event.set()
+        controller.wake.set()
+
+    signal.signal(signal.SIGHUP, lambda *_: request(controller.reload_requested))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: request(controller.stop_requested))
+    try:
+        try:
+            controller.start()
+        except StartError as err:
+            print(f"hpclb run: cannot start: {err}", file=sys.stderr)
+            return EXIT_START
+        # What start() built (configuration, 10,000 probe targets...) lives as
+        # long as the process: out of the collector's way, so a full collection
+        # does not pause the probes' loop for 50-180 ms (perf/probe_scale.py).
+        gc.collect()
+        gc.freeze()
+        controller.run_forever()
+    finally:
+        controller.shutdown()
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from hpclb.dataplane.client import DataplaneClient
+
+    client = DataplaneClient(args.socket, timeout_s=2.0)
+    try:
+        print(json.dumps(client.stats(), indent=1, default=lambda b: b.hex()))
+    finally:
+        client.close()
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    path = (args.run_dir or Path("/run/hpclb")) / f"{cfg.appliance.name}.status.json"
+    try:
+        print(path.read_text().rstrip())
+    except FileNotFoundError:
+        print(f"{path}: no status: is `hpclb run -c {args.config}` running?", file=sys.stderr)
+        return 1
+    return 0
+
+
+#: Adds subcommands to the `hpclb` command (the lab's, from hpclb.main).
+AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def build_parser(extra_commands: Sequence[AddCommands] = ()) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpclb", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="validate a configuration file and what it needs of "
+                       "this host (key files, local addresses)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--schema-only", action="store_true",
+                   help="validate the file only (on another machine than the appliance)")
+    p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("run", help="run the appliance (control plane + data plane)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--state-dir", type=Path, help="checkpoints (default /var/lib/hpclb/NAME)")
+    p.add_argument("--run-dir", type=Path, help="pid and log files (default /run/hpclb)")
+    p.add_argument(
+        "--keep-dataplane", action="store_true",
+        help="leave the data plane forwarding when this process stops",
+    )
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("stats", help="counters of a running data plane")
+    p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
+    p.set_defaults(func=_cmd_stats)
+
+    p = sub.add_parser("status", help="health, live weights, telemetry and probe counters of "
+                       "a running appliance (its status file, rewritten every second)")
+    p.add_argument("-c", "--config", type=Path, required=True)
+    p.add_argument("--run-dir", type=Path, help="as given to hpclb run (default /run/hpclb)")
+    p.set_defaults(func=_cmd_status)
+
+    for add in extra_commands:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None, extra_commands: Sequence[AddCommands] = ()) -> int:
+    args = build_parser(extra_commands).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""An hpclb appliance running in the lab: config file, `hpclb run`, reloads.
+
+Used by the demo, the lab end-to-end tests and the benchmark. The appliance is
+the real thing: `hpclb run` in its own process, which starts `hpclb-xdp` in
+the lab's appliance namespace; weight and state changes are made the way an
+operator makes them (edit the YAML, send SIGHUP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpclb.dataplane import exception_path
+from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.supervisor import stop_child, terminate_pid
+from hpclb.lab.topology import Lab
+
+LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
+LAB_VIP = "198.18.1.10"
+LAB_PORT = 8080
+# Where the node agents publish: a port on the appliance's lab address, which
+# `hpclb run`'s telemetry receiver binds inside the appliance namespace.
+LAB_TELEMETRY_PORT = 5557
+
+
+class LabApplianceError(RuntimeError):
+    pass
+
+
+class LabAppliance:
+    """`hpclb run` for a lab, with helpers to change weights and states.
+
+    By default the pool is static, without probes or telemetry. A lab that
+    follows its backends passes ``weights_mode="dynamic"``, the pool's
+    ``policy`` and ``probe`` (dicts, as in the YAML) and a ``telemetry``
+    section (bind, server_key, allow_dir...); :meth:`status` reads the
+    status file `hpclb run` rewrites every second.
+    """
+
+    def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
+                 xdp_mode: str = "native", static_macs: bool = False,
+                 dataplane: str = "xdp", dpdk_idle_sleep_us: int = 50, *,
+                 weights_mode: str = "static", policy: dict[str, Any] | None = None,
+                 probe: dict[str, Any] | None = None,
+                 telemetry: dict[str, Any] | None = None,
+                 metrics: str | None = None) -> None:
+        self.lab = lab
+        # Prometheus exporter, "host:port" or ":port" (the appliance's lab address)
+        self.metrics = metrics
+        self.weights_mode = weights_mode
+        self.policy = policy
+        self.probe = probe
+        self.telemetry = telemetry
+        self.workdir = workdir
+        self.weights = dict(weights)
+        self.states: dict[str, str] = dict.fromkeys(weights, "up")
+        self.xdp_mode = xdp_mode
+        self.dataplane = dataplane
+        # A lab on a small shared host lets the DPDK worker nap when idle; the
+        # benchmark sets 0 (busy polling, as on an appliance).
+        self.dpdk_idle_sleep_us = dpdk_idle_sleep_us
+        # The benchmark sinks everything the appliance sends, ARP included, so
+        # it writes the backends' MACs into the configuration instead.
+        self.static_macs = static_macs
+        self.config_path = workdir / "hpclb.yaml"
+        self.socket = f"ipc://{workdir}/dataplane.sock"
+        self.log_path = workdir / "hpclb-run.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.name = f"{lab.prefix}-appliance"
+        self.client = DataplaneClient(self.socket, timeout_s=5.0)
+
+    # --- configuration ------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        backends = [
+            {"name": name, "address": self.lab.ip_of(name), "weight": w,
+             "state": self.states[name]}
+            | ({"mac": self.lab.mac(name)} if self.static_macs else {})
+            for name, w in self.weights.items()
+        ]
+        pool: dict[str, Any] = {"weights": self.weights_mode}
+        if self.policy is not None:
+            pool["policy"] = self.policy
+        if self.probe is not None:
+            pool["probe"] = self.probe
+        pool["backends"] = backends
+        telemetry = {} if self.telemetry is None else {"telemetry": self.telemetry}
+        return {
+            "appliance": {
+                "name": self.name,
+                "dataplane": self.dataplane,
+                "interfaces": {"ingress": "eth0"},
+                "netns": self.lab.lb_ns,
+                # The services (metrics, and telemetry by default) listen on the
+                # appliance's own lab address, never on a VIP.
+                "management_address": self.lab.ip_of("lb"),
+                "hash_key": LAB_HASH_KEY,
+                "control_socket": self.socket,
+                **({"metrics": self.metrics} if self.metrics else {}),
+                "xdp": {"mode": self.xdp_mode},
+                # A lab on a small shared host: one worker, hugepages grown on
+                # demand, a modest flow table.
+                "dpdk": {"driver": "af_xdp", "lcores": [0, 1], "hugepages_mb": 256,
+                         "reserve_hugepages": True, "idle_sleep_us": self.dpdk_idle_sleep_us,
+                         "flow_table_size": 65536},
+            },
+            **telemetry,
+            "pools": {"lab": pool},
+            "vips": [
+                {"name": "lab-tcp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "tcp",
+                 "mode": "dsr", "pool": "lab"},
+                {"name": "lab-udp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "udp",
+                 "mode": "dsr", "pool": "lab"},
+            ],
+        }
+
+    def _write_config(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def _run_argv(self) -> list[str]:
+        return [sys.executable, "-m", "hpclb.faces.cli", "run", "-c", str(self.config_path),
+                "--state-dir", str(self.workdir / "state"), "--run-dir", str(self.workdir / "run")]
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self._write_config()
+        before = self.pushes()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self._run_argv(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL)
+        self.wait_pushes(before + 1, timeout_s)
+
+    def kill(self) -> None:
+        """kill -9 `hpclb run` (the data plane, in its own session, stays)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def run_to_exit(self, config: dict[str, Any] | None = None,
+                    timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run `hpclb run` with ``config`` (default: the current one) where it
+        is expected to stop by itself (a start that must fail); its output is
+        returned and appended to the log."""
+        self.config_path.write_text(yaml.safe_dump(config or self.config(), sort_keys=False))
+        res = subprocess.run(self._run_argv(), capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=timeout_s)
+        with open(self.log_path, "a") as log:
+            log.write(res.stdout + res.stderr)
+        return res
+
+    def pushes(self) -> int:
+        """How many table pushes `hpclb run` has logged so far."""
+        try:
+            return self.log_path.read_text().count("pushed tables")
+        except FileNotFoundError:
+            return 0
+
+    def wait_pushes(self, count: int, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.pushes() < count:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LabApplianceError(f"hpclb run exited:\n{self.log_text()}")
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"no table push within {timeout_s}s:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    @property
+    def dpdk_file_prefix(self) -> str:
+        """The forwarder's EAL file prefix (its telemetry socket's directory)."""
+        return f"hpclb-{self.name}"
+
+    def dataplane_pid(self) -> int:
+        """pid of the data plane `hpclb run` supervises (from its pid file)."""
+        return int((self.workdir / "run" / f"{self.name}.pid").read_text().strip())
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text()[-4000:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def telemetry_endpoint(self, port: int = LAB_TELEMETRY_PORT) -> str:
+        """Where agents in the backend namespaces reach the telemetry receiver."""
+        return f"tcp://{self.lab.ip_of('lb')}:{port}"
+
+    @property
+    def status_path(self) -> Path:
+        return self.workdir / "run" / f"{self.name}.status.json"
+
+    def status(self) -> dict[str, Any]:
+        """The status file (health, weights, samples, telemetry and probe counters);
+        LabApplianceError while there is none yet."""
+        try:
+            data: dict[str, Any] = json.loads(self.status_path.read_text())
+        except (OSError, ValueError) as err:
+            raise LabApplianceError(f"no status file {self.status_path}: {err}") from None
+        return data
+
+    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
+                    what: str = "condition") -> dict[str, Any]:
+        """Poll the status file until ``predicate(status)`` holds; returns that status."""
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, Any] | None = None
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LabApplianceError(f"hpclb run exited:\n{self.log_text()}")
+            with contextlib.suppress(LabApplianceError):
+                last = self.status()
+                if predicate(last):
+                    return last
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"status: no {what} within {timeout_s}s; last status: "
+                                        f"{json.dumps(last)[:3000]}\n{self.log_text()}")
+            time.sleep(0.1)
+
+    def reload(self, timeout_s: float = 15.0) -> None:
+        """Rewrite the configuration, SIGHUP `hpclb run`, wait for its push."""
+        assert self.proc is not None
+        before = self.pushes()
+        self._write_config()
+        self.proc.send_signal(signal.SIGHUP)
+        self.wait_pushes(before + 1, timeout_s)
+
+    def reload_refused(self, config: dict[str, Any], timeout_s: float = 15.0) -> str:
+        """Write ``config``, SIGHUP `hpclb run`, wait for "reload refused";
+        returns that log line."""
+        assert self.proc is not None
+        before = self.log_text_full().count("reload refused")
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while (text := self.log_text_full()).count("reload refused") <= before:
+            if time.monotonic() > deadline:
+                raise LabApplianceError(f"no 'reload refused' within {timeout_s}s:\n"
+                                        f"{self.log_text()}")
+            time.sleep(0.05)
+        return [line for line in text.splitlines() if "reload refused" in line][-1]
+
+    def log_text_full(self) -> str:
+        try:
+            return self.log_path.read_text()
+        except FileNotFoundError:
+            return ""
+
+    def set_weight(self, name: str, weight: float) -> None:
+        self.weights[name] = weight
+        self.reload()
+
+    def set_state(self, name: str, state: str) -> None:
+        self.states[name] = state
+        self.reload()
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc is not None:
+            stop_child(self.proc, timeout_s=15)
+        self.proc = None
+        # A data plane orphaned by a killed `hpclb run` (tests do that) must not
+        # outlive the lab: its pid file names it.
+        with contextlib.suppress(OSError, ValueError):
+            terminate_pid(self.dataplane_pid(), timeout_s=5)
+        # A data plane that died by SIGKILL left its maps pinned; nobody will
+        # adopt this lab's pins again.
+        shutil.rmtree(f"/sys/fs/bpf/hpclb/{self.name}", ignore_errors=True)
+        # A DPDK forwarder stopped behind a killed `hpclb run` leaves the
+        # appliance's addresses recorded, not given back: the lab outlives it.
+        for record in (self.workdir / "run").glob("*.addresses.json"):
+            with contextlib.suppress(OSError, ValueError):
+                exception_path.give_back(record, self.lab.lb_ns)
+
+    def __enter__(self) -> LabAppliance:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,241 @@
+"""`hpclb bench`: forwarding rate of both data planes in the lab, against the
+testbed's ceiling.
+
+Same lab, same generator, same run, interleaved trials:
+  * ``reflect``: an XDP program that only swaps MACs and sends each frame back
+    (XDP_TX) on the appliance's interface — the ceiling of this testbed;
+  * ``xdp``: the real appliance (`hpclb run`, lb_xdp attached natively);
+  * ``dpdk``: the real appliance with the DPDK forwarder (net_af_xdp vdev on
+    the same veth, one busy-polling worker).
+Each data plane also gets its no-drop rate (NDR): full speed, then a binary
+search on trafgen's --rate until no frame is lost.
+trafgen in the client namespace sends 64-byte UDP frames to the VIP with a
+random source port each (many flows). Forwarded frames are counted where they
+land, the appliance's veth peer, which runs an XDP_DROP program so nothing
+downstream costs anything. Offered frames are counted by the appliance
+interface's XDP counters. Beside the path rates, each program's own cost per
+frame is timed in the kernel with BPF_PROG_TEST_RUN, and the DPDK worker's
+cycles per frame are read from its telemetry socket. Results (median of the
+trials, every trial, the conditions) go to a JSON file. This is a
+measurement, never a test assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Template
+
+from hpclb.host import install
+from hpclb.lab import dpdk_telemetry
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.bpf_testrun import PinnedXdpProgram
+from hpclb.lab.topology import Lab
+
+TRAFGEN_TEMPLATE = "templates/trafgen_udp64.cfg.j2"  # package data of hpclb
+
+
+def _xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
+    """Sum of a veth's per-queue XDP counters (ethtool -S)."""
+    out = lab.exec(ns, ["ethtool", "-S", ifname]).stdout
+    totals: dict[str, int] = {}
+    for name, value in re.findall(r"rx_queue_\d+_(xdp_\w+):\s+(\d+)", out):
+        totals[name] = totals.get(name, 0) + int(value)
+    return totals
+
+
+def _trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None = None,
+           settle_s: float = 0.0) -> dict[str, float]:
+    """Run the generator for ``seconds`` (at ``rate_pps``, or as fast as it
+    goes); return offered and forwarded rates and the frames lost."""
+    peer = lab.peer("lb")
+    start_in = _xdp_counters(lab, "lb", "eth0")
+    start_out = _xdp_counters(lab, "br", peer)
+    argv = ["timeout", "-s", "INT", str(seconds), "trafgen", "--dev", "eth0",
+            "--conf", str(cfg), "--cpus", "1", "--no-sock-mem"]
+    if rate_pps is not None:
+        argv += ["--rate", f"{max(int(rate_pps), 1)}pps"]
+    t0 = time.monotonic()
+    lab.exec("cli", argv, check=False, timeout=seconds + 30)
+    elapsed = time.monotonic() - t0
+    time.sleep(settle_s)
+    end_in = _xdp_counters(lab, "lb", "eth0")
+    end_out = _xdp_counters(lab, "br", peer)
+    offered = end_in.get("xdp_packets", 0) - start_in.get("xdp_packets", 0)
+    forwarded = end_out.get("xdp_packets", 0) - start_out.get("xdp_packets", 0)
+    return {
+        "seconds": round(elapsed, 3),
+        "rate_asked_pps": rate_pps or 0.0,
+        "offered_pps": offered / elapsed,
+        "forwarded_pps": forwarded / elapsed,
+        "lost": float(max(offered - forwarded, 0)),
+        "loss_ratio": (offered - forwarded) / offered if offered else 0.0,
+    }
+
+
+def _udp_frame(lab: Lab, sport: int) -> bytes:
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    return bytes(Ether(src=lab.mac("cli"), dst=lab.mac("lb"))
+                 / IP(src=lab.ip_of("cli"), dst=LAB_VIP) / UDP(sport=sport, dport=LAB_PORT)
+                 / bytes(18))
+
+
+def _program_cost_ns(pin: str, frame: bytes, repeat: int = 1_000_000) -> float:
+    """Mean ns per run of a pinned XDP program on one frame (BPF_PROG_TEST_RUN).
+
+    The program's own cost, free of the generator and the veth path: the
+    median of five kernel-timed runs of ``repeat`` iterations each.
+    """
+    prog = PinnedXdpProgram(pin)
+    try:
+        return statistics.median(prog.run_repeated(frame, repeat)[2] for _ in range(5))
+    finally:
+        prog.close()
+
+
+def _reflect_cost_ns(frame: bytes) -> float:
+    pin = f"/sys/fs/bpf/hpclb-bench-reflect-{uuid.uuid4().hex[:8]}"
+    obj = install.find("reflect.bpf.o")
+    subprocess.run(["bpftool", "prog", "load", str(obj), pin, "type", "xdp"],
+                   check=True, capture_output=True)
+    try:
+        return _program_cost_ns(pin, frame)
+    finally:
+        Path(pin).unlink(missing_ok=True)
+
+
+def _settled_trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None) -> dict[str, float]:
+    """A trial whose counters are read once frames in flight (AF_XDP rings,
+    queues) have landed, so that what was offered and never arrived is loss."""
+    return _trial(lab, cfg, seconds, rate_pps=rate_pps, settle_s=0.5)
+
+
+def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
+    """Highest rate with no frame lost: full speed first, then a binary search
+    between 0 and the rate that lost frames (trafgen --rate)."""
+    full = _settled_trial(lab, cfg, seconds, None)
+    tried = [full]
+    if full["lost"] == 0:
+        return {"ndr_pps": full["forwarded_pps"], "search": tried}
+    lo, hi, best = 0.0, full["offered_pps"], 0.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        t = _settled_trial(lab, cfg, seconds, mid)
+        tried.append(t)
+        if t["lost"] == 0:
+            lo, best = mid, max(best, t["forwarded_pps"])
+        else:
+            hi = mid
+    return {"ndr_pps": best, "search": tried}
+
+
+def _dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
+    """Cycles per frame and busy share of the forwarder's worker, from its
+    telemetry socket (what dpdk-telemetry.py reads)."""
+    stats = dpdk_telemetry.query(appliance.dpdk_file_prefix, "/hpclb/stats")
+    workers = dpdk_telemetry.query(appliance.dpdk_file_prefix, "/hpclb/workers")
+    w = workers["worker0"]
+    frames = max(int(w["frames"]), 1)
+    return {
+        "cycles_per_frame": int(w["busy_cycles"]) / frames,
+        "ns_per_frame": int(w["busy_cycles"]) / frames / int(stats["tsc_hz"]) * 1e9,
+        "busy_share": int(w["busy_cycles"]) / max(int(w["total_cycles"]), 1),
+        "frames_per_busy_loop": frames / max(int(w["busy_loops"]), 1),
+        "frames": frames,
+    }
+
+
+def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 50000,
+              ndr_steps: int = 6) -> int:
+    """Forwarding rate of the XDP and the DPDK data planes against the
+    testbed's ceiling, in one run on one lab, with trials interleaved."""
+    kinds = ("reflect", "xdp", "dpdk")
+    results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    ndr: dict[str, dict[str, Any]] = {}
+    cost: dict[str, Any] = {}
+    weights = {"b1": 1.0, "b2": 1.0, "b3": 1.0}
+    with tempfile.TemporaryDirectory(prefix="hpclb-bench-") as tmp, \
+            Lab(prefix=f"bn{uuid.uuid4().hex[:6]}", backends=3) as lab:
+        workdir = Path(tmp)
+        reflect_obj = install.find("reflect.bpf.o")
+        lab.attach_xdp_pass(lab.peer("lb"), install.find("sink.bpf.o"))
+        cfg = workdir / "udp64.cfg"
+        cfg.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
+            dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
+            dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=flows,
+        ))
+        frame = _udp_frame(lab, 40000)
+        for n in range(trials):
+            lab.attach_xdp("lb", "eth0", reflect_obj)
+            results["reflect"].append(_settled_trial(lab, cfg, seconds, None))
+            lab.detach_xdp("lb", "eth0")
+            for kind in ("xdp", "dpdk"):
+                appliance_dir = workdir / f"{kind}{n}"
+                appliance_dir.mkdir()
+                # DPDK busy-polls here, as on an appliance: its worker owns a core.
+                with LabAppliance(lab, appliance_dir, weights, static_macs=True,
+                                  dataplane=kind, dpdk_idle_sleep_us=0) as appliance:
+                    results[kind].append(_settled_trial(lab, cfg, seconds, None))
+                    if n == 0:
+                        ndr[kind] = _ndr(lab, cfg, seconds, ndr_steps)
+                        if kind == "xdp":
+                            cost["lb_xdp_ns_per_frame_flow_hit"] = _program_cost_ns(
+                                f"/sys/fs/bpf/hpclb/{appliance.name}/lb_xdp", frame)
+                            cost["reflect_ns_per_frame"] = _reflect_cost_ns(frame)
+                        else:
+                            cost["dpdk_worker"] = _dpdk_worker_cost(appliance)
+            print(f"trial {n + 1}/{trials}: " + ", ".join(
+                f"{k} {results[k][-1]['forwarded_pps']:,.0f} pps "
+                f"(lost {results[k][-1]['lost']:.0f})" for k in kinds), flush=True)
+
+    median = {k: statistics.median(t["forwarded_pps"] for t in v) for k, v in results.items()}
+    report: dict[str, Any] = {
+        "benchmark": "forwarding_udp64",
+        "conditions": {
+            "frame_bytes": 64,
+            "flows": flows,
+            "generator": "trafgen, 1 process, client namespace, through a Linux bridge",
+            "reflect": "XDP program swapping MACs, XDP_TX on the appliance veth: the ceiling",
+            "xdp": "hpclb run + hpclb-xdp, lb_xdp attached natively, XDP_TX one-arm DSR",
+            "dpdk": ("hpclb run + hpclb-dpdk, net_af_xdp vdev on the appliance veth (copy "
+                     "mode, queue 0), 1 worker lcore busy-polling, one-arm DSR"),
+            "measured_at": "appliance veth peer (XDP_DROP sink) rx XDP counter; offered at "
+                           "the appliance veth's rx XDP counter, read 0.5 s after each trial",
+            "ndr": "no frame lost; full speed first, then a binary search with trafgen --rate",
+            "seconds_per_trial": seconds,
+            "trials": trials,
+            "kernel": platform.release(),
+            "cpus": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+        },
+        "median_forwarded_pps": median,
+        "ndr_pps": {k: v["ndr_pps"] for k, v in ndr.items()},
+        "ratio_dpdk_to_xdp": {
+            "median_forwarded": median["dpdk"] / median["xdp"] if median["xdp"] else None,
+            "ndr": (ndr["dpdk"]["ndr_pps"] / ndr["xdp"]["ndr_pps"]
+                    if ndr.get("xdp", {}).get("ndr_pps") else None),
+        },
+        "ratio_to_reflect": {k: median[k] / median["reflect"] if median["reflect"] else None
+                             for k in ("xdp", "dpdk")},
+        "cost": cost,
+        "trials": results,
+        "ndr_search": {k: v["search"] for k, v in ndr.items()},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: report[k] for k in ("median_forwarded_pps", "ndr_pps",
+                                             "ratio_dpdk_to_xdp", "ratio_to_reflect", "cost")},
+                     indent=1))
+    print(f"written to {out}")
+    return 0
