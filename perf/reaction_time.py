@@ -16,8 +16,8 @@ on one end of a veth pair. N agents (``hpclb.agent.publisher.Publisher``, one
 CURVE key each) run in a separate worker process, in the namespace the receiver
 thread binds in (the appliance's), and send TelemetryMessage payloads; the
 controller's receiver thread authenticates, decodes and enqueues them, the loop
-turns, LiveWeights moves the weight, ``tables_for`` rebuilds the pool's ring (ring
-cache), ``push_tables`` patches the data plane's ring.
+turns, the BackendDecider decides the new weight, ``tables_for`` rebuilds the pool's
+ring (ring cache), ``push_tables`` patches the data plane's ring.
 
 Nothing in the product is changed: a subclass of Controller records times around
 its own methods (``_handle_events``, ``tables_for``, ``_ring``, ``_push``), wraps
@@ -323,11 +323,10 @@ class BenchController(Controller):
     def detach(self) -> None:
         logging.getLogger(controller_mod.__name__).removeHandler(self.catcher)
 
-    def _ring(self, pool: str, members: Any, admin: Any, unreachable: Any,
-              ring_size: int, ids: Any = None) -> np.ndarray:
+    def _ring(self, pool: str, decisions: Any, ring_size: int, ids: Any = None) -> np.ndarray:
         before = self._rings.get(pool)
         t0 = time.monotonic()
-        ring = super()._ring(pool, members, admin, unreachable, ring_size, ids)
+        ring = super()._ring(pool, decisions, ring_size, ids)
         dt = time.monotonic() - t0
         if self._rings.get(pool) is not before:
             self._tables["ring_build_s"] = self._tables.get("ring_build_s", 0.0) + dt
@@ -335,12 +334,12 @@ class BenchController(Controller):
         return ring
 
     def tables_for(self, config: Any, resolve: bool = True) -> Any:
-        prev = self._pushed_members
+        prev = self._pushed_decisions
         self._tables = {"start": time.monotonic()}
         tables = super().tables_for(config, resolve)
         self._tables["end"] = time.monotonic()
-        now = {m.name: m.weight for ms in self._pushed_members.values() for m in ms}
-        old = {m.name: m.weight for ms in prev.values() for m in ms}
+        now = {d.name: d.weight for ds in self._pushed_decisions.values() for d in ds}
+        old = {d.name: d.weight for ds in prev.values() for d in ds}
         self._tables["weights_changed"] = [
             (name, old.get(name), w) for name, w in now.items() if old.get(name) != w]
         return tables
@@ -451,7 +450,7 @@ def sample_breakdown(event: dict[str, Any], rec: dict[str, Any]) -> dict[str, fl
     return {
         "reaction": rec["return"] - event["enqueued"],
         "queue_wait": event["drained"] - event["enqueued"],  # enqueue -> the loop drains it
-        "weights": t["start"] - event["drained"] if "start" in t else None,  # live weights
+        "weights": t["start"] - event["drained"] if "start" in t else None,  # decisions
         "tables_for": t["end"] - t["start"] if "end" in t else None,
         "ring_build": t.get("ring_build_s"),
         "push": push,  # push_tables: diff + requests + bookkeeping

@@ -1,9 +1,11 @@
-"""Telemetry + health -> weights: formula, outliers, dynamics, health, determinism.
+"""Telemetry -> weights: formula, outliers, dynamics, slow start, determinism.
 
 Hand-computed cases pin the default weight formula; one test per rejection
 reason checks that the last good value survives a bad sample; the dynamics (EWMA,
-hysteresis, rate limit, slow start) are checked with the other stages switched off
-where they would blur the one under test; hypothesis checks the grid and that two
+hysteresis, rate limit) are checked with the other stages switched off where they
+would blur the one under test; slow start is the one pure function both pool kinds
+ramp through (``slow_start_steps``; how the controller applies it, and zeroes a down
+backend, is tests/unit/test_backends.py); hypothesis checks the grid and that two
 trackers fed the same calls publish bit-identical weights.
 """
 
@@ -23,14 +25,14 @@ from hpclb.balancing.weights import (
     GpuSample,
     NodeSample,
     WeightTracker,
-    pool_weights,
     score,
-    static_weights,
+    slow_start_steps,
+    to_us,
 )
-from hpclb.config import WeightsMode
 from hpclb.config.weights import ONE, WeightPolicy
 
-#: Only the formula and the clamp: no smoothing, no hysteresis, no rate limit, no ramp.
+#: Only the formula and the clamp: no smoothing, no hysteresis, no rate limit (and,
+#: where the controller applies it, no slow start).
 RAW_KW: dict = {"alpha": 1.0, "step": 0.0, "max_rate": None, "slow_start_s": 0.0}
 RAW = WeightPolicy(**RAW_KW)
 
@@ -284,74 +286,99 @@ def test_published_weights_lie_on_the_grid(cpu: float, mem: float, rtt: float,
 # --- health ----------------------------------------------------------------------------
 
 
-def test_down_is_zero_at_once_whatever_the_rate_limit() -> None:
+def test_health_does_not_move_the_published_weight() -> None:
+    # Zeroing a down node is the controller's (controller.backends): the tracker
+    # goes on publishing the capacity the node has left, whatever its health.
     t = tracker_at(WeightPolicy(max_rate=0.01))
     assert t.weight("n1", 0.0) == 1.0
-    t.set_up("n1", False, now=0.5)
-    assert t.weight("n1", 0.5) == 0.0
-    assert t.weights(0.5) == {"n1": 0.0}
-    # Samples still arriving while down are kept, the weight stays 0.
-    assert t.observe(sample(time=1), now=1)
-    assert t.weight("n1", 1) == 0.0
+    t.set_up("n1", False)
+    assert t.weights(0.5) == {"n1": 1.0}
+    # Samples still arriving while down are kept.
+    assert t.observe(sample(time=1, cpu=1.0, mem=1.0, rtt=100.0), now=1)
+    assert t.accepted == 2
 
 
-def test_node_reported_down_before_any_sample_is_zero() -> None:
+def test_a_node_without_telemetry_gets_the_floor_up_or_down() -> None:
     t = WeightTracker()
-    t.set_up("n2", False, now=0)
-    assert t.weights(0) == {"n2": 0.0}
-
-
-def test_up_without_telemetry_gets_the_floor() -> None:
-    t = WeightTracker()
-    t.set_up("n3", True, now=0)
-    assert t.weights(0) == {"n3": 13 / 256}
-
-
-@settings(max_examples=30, deadline=None)
-@given(slow=st.sampled_from([1.0, 10.0, 30.0, 7.3]), cpu=st.floats(0, 1))
-def test_slow_start_ramps_monotonically_to_target(slow: float, cpu: float) -> None:
-    policy = raw(slow_start_s=slow)
-    t = tracker_at(policy, cpu=cpu)
-    target = t.weight("n1", 0)
-    t.set_up("n1", False, now=1)
-    t.set_up("n1", True, now=2)
-    ramp = [t.weight("n1", 2 + slow * i / 50) for i in range(51)]
-    assert ramp[0] == min(13 / 256, target)
-    assert all(a <= b for a, b in itertools.pairwise(ramp))
-    assert ramp[-1] == target  # reached at slow_start_s exactly
-    assert t.weight("n1", 2 + 2 * slow) == target
-
-
-def test_slow_start_midpoint_and_off() -> None:
-    t = tracker_at(raw(slow_start_s=10.0))  # target 1.0
-    t.set_up("n1", False, now=1)
-    t.set_up("n1", True, now=2)
-    assert t.weight("n1", 7) == pytest.approx((13 + (256 - 13) / 2) / 256, abs=1 / 256)
-    off = tracker_at(RAW)  # slow_start_s = 0
-    off.set_up("n1", False, now=1)
-    off.set_up("n1", True, now=2)
-    assert off.weight("n1", 2) == 1.0
+    t.set_up("n2", False)
+    t.set_up("n3", True)
+    assert t.weights(0) == {"n2": 13 / 256, "n3": 13 / 256}
+    assert t.weight("never-heard", 0) == 13 / 256
 
 
 def test_up_again_reseeds_from_fresh_telemetry() -> None:
     # A rebooted node's old load says nothing: the first sample after it is taken as is.
     t = tracker_at(WeightPolicy(alpha=0.1, slow_start_s=0), cpu=1.0, mem=1.0, rtt=100.0)
-    t.set_up("n1", False, now=1)
-    t.set_up("n1", True, now=2)
+    t.set_up("n1", False)
+    t.set_up("n1", True)
     assert t.observe(sample(time=3), now=3)
     assert t.weight("n1", 3) == 1.0
 
 
-def test_set_up_true_on_a_new_or_up_node_does_not_slow_start() -> None:
-    t = tracker_at(WeightPolicy())
-    t.set_up("n1", True, now=0)
-    assert t.weight("n1", 0) == 1.0
+def test_set_up_true_on_a_new_or_up_node_does_not_reseed() -> None:
+    policy = raw(alpha=0.5)
+    t = tracker_at(policy)  # 1.0
+    t.set_up("n1", True)  # never down: the smoothing goes on
+    t.observe(sample(time=1, cpu=1.0, mem=1.0, rtt=100.0), now=1)
+    assert t.weight("n1", 1) == 0.5
 
 
 def test_forget() -> None:
     t = tracker_at(WeightPolicy())
     t.forget("n1")
     assert t.weights(0) == {}
+
+
+# --- slow start ----------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(slow=st.sampled_from([1.0, 10.0, 30.0, 7.3]), cpu=st.floats(0, 1))
+def test_slow_start_ramps_monotonically_from_the_floor_to_target(slow: float,
+                                                                 cpu: float) -> None:
+    policy = raw(slow_start_s=slow)
+    target = tracker_at(policy, cpu=cpu).weight_steps("n1", 0)
+    up = to_us(2.0)
+
+    def at(t: float) -> int:
+        return slow_start_steps(target, policy.floor_steps, up, to_us(t),
+                                to_us(policy.slow_start_s))
+
+    ramp = [at(2 + slow * i / 50) for i in range(51)]
+    assert ramp[0] == min(13, target)
+    assert all(a <= b for a, b in itertools.pairwise(ramp))
+    assert ramp[-1] == target  # reached at slow_start_s exactly...
+    last_us = up + to_us(policy.slow_start_s) - 1  # ...and not a microsecond before
+    assert slow_start_steps(target, policy.floor_steps, up, last_us,
+                            to_us(policy.slow_start_s)) < target or target <= 13
+    assert at(2 + 2 * slow) == target
+
+
+def test_slow_start_midpoint_and_off() -> None:
+    up, slow = to_us(2.0), to_us(10.0)
+    assert slow_start_steps(256, 13, up, to_us(7.0), slow) == 13 + (256 - 13) // 2
+    assert slow_start_steps(256, 13, up, to_us(7.0), 0) == 256  # slow_start_s = 0: off
+
+
+def test_slow_start_needs_a_return() -> None:
+    # Never seen down (no up_since): nothing cold to ease in, the target at once.
+    assert slow_start_steps(200, 13, None, to_us(1.0), to_us(30.0)) == 200
+    # A target below the floor (none the tracker publishes: it clamps to the floor)
+    # is never raised by the ramp.
+    assert slow_start_steps(5, 13, to_us(0.0), to_us(1.0), to_us(30.0)) == 5
+    # A clock stepped back before the return holds the floor share.
+    assert slow_start_steps(200, 13, to_us(10.0), to_us(9.0), to_us(30.0)) == 13
+
+
+@settings(max_examples=60, deadline=None)
+@given(target=st.integers(0, 1024), floor=st.integers(0, 1024),
+       since=st.integers(-10**12, 10**12), dt=st.integers(-10**9, 10**9),
+       slow=st.integers(0, 10**9))
+def test_slow_start_stays_between_the_floor_share_and_the_target(
+        target: int, floor: int, since: int, dt: int, slow: int) -> None:
+    got = slow_start_steps(target, floor, since, since + dt, slow)
+    assert min(floor, target) <= got <= target
+    assert isinstance(got, int)
 
 
 # --- determinism -------------------------------------------------------------------------
@@ -376,7 +403,7 @@ def replay(policy: WeightPolicy, events: list[tuple], clock_step: float) -> list
             t.observe(NodeSample(node, ts, cpu, mem * 64, 64.0, rtt,
                                  tuple(GpuSample(u, tot, ut, 0) for u, tot, ut in gpus)), now)
         else:
-            t.set_up(ev[1], ev[2], now)
+            t.set_up(ev[1], ev[2])
         out.append(t.weights(now + 0.3))
     out.append(dict(t.rejection_counts()))
     return out
@@ -406,28 +433,6 @@ def test_weights_does_not_change_state() -> None:
         for k in range(10):
             busy.weights(i + k / 10)
     assert quiet.weights(25.0) == busy.weights(25.0)
-
-
-# --- static mode -----------------------------------------------------------------------
-
-
-def test_static_passthrough() -> None:
-    configured = {"a": 1.0, "b": 2.5, "c": 0.0}
-    assert static_weights(configured) == configured
-    assert static_weights(configured) is not configured
-    assert pool_weights(WeightsMode.STATIC, configured, None, 0.0) == configured
-    tracker = tracker_at(RAW, node="a", cpu=1.0, mem=1.0, rtt=100.0)
-    assert pool_weights("static", configured, tracker, 0.0) == configured
-
-
-def test_dynamic_mode_uses_the_tracker() -> None:
-    tracker = tracker_at(RAW, node="a", cpu=0.5, mem=0.5, rtt=50.0)
-    got = pool_weights("dynamic", {"a": 1.0, "b": 1.0}, tracker, 0.0)
-    assert got == {"a": 0.5, "b": 13 / 256}  # b: no telemetry yet, the floor
-    with pytest.raises(ValueError, match="WeightTracker"):
-        pool_weights("dynamic", {"a": 1.0}, None, 0.0)
-    with pytest.raises(ValueError, match="unknown weights mode"):
-        pool_weights("adaptive", {"a": 1.0}, tracker, 0.0)
 
 
 # --- policy validation -------------------------------------------------------------------
@@ -470,9 +475,24 @@ def test_policy_is_frozen_and_defaults_are_the_article() -> None:
 
 
 def golden_run() -> str:
-    """A fixed scenario through every stage; the digest of every published weight."""
+    """A fixed scenario through every stage; the digest of every published weight.
+
+    Down and slow start are applied as controller.backends applies them to a
+    backend of configured weight 1 (0 while down; else the tracker's weight through
+    slow_start_steps from the return), so the digest is the one these stages gave
+    when the tracker zeroed and ramped by itself: not a bit moved in the move.
+    """
     policy = WeightPolicy(cpu=0.35, mem=0.25, net=0.2, gpu=0.2, slow_start_s=4.0)
     t = WeightTracker(policy)
+    down: set[str] = set()
+    up_since: dict[str, int] = {}
+
+    def published(now: float) -> dict[str, float]:
+        return {n: 0.0 if n in down else slow_start_steps(
+                    t.weight_steps(n, now), policy.floor_steps, up_since.get(n), to_us(now),
+                    to_us(policy.slow_start_s)) / policy.grid
+                for n in t.nodes()}
+
     out = []
     for i in range(40):
         node = "abc"[i % 3]
@@ -480,10 +500,13 @@ def golden_run() -> str:
         t.observe(NodeSample(node, 1.7e9 + i * 0.37, (i * 0.137) % 1, (i * 3.1) % 64, 64.0,
                              None if i % 11 == 0 else (i * 13.7) % 150, gpus), 1.7e9 + i * 0.4)
         if i == 17:
-            t.set_up("b", False, 1.7e9 + i * 0.4)
+            t.set_up("b", False)
+            down.add("b")
         if i == 23:
-            t.set_up("b", True, 1.7e9 + i * 0.4)
-        out.append(t.weights(1.7e9 + i * 0.4 + 0.1))
+            t.set_up("b", True)
+            down.discard("b")
+            up_since["b"] = to_us(1.7e9 + i * 0.4)
+        out.append(published(1.7e9 + i * 0.4 + 0.1))
     return hashlib.sha256(repr(out).encode()).hexdigest()
 
 

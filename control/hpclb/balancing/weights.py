@@ -1,5 +1,5 @@
-"""Telemetry + health -> backend weights, pure and deterministic (the default
-formula: 40% CPU, 30% memory, 30% network).
+"""Telemetry -> a node's capacity, pure and deterministic (the default formula:
+40% CPU, 30% memory, 30% network), and the slow start both pool kinds share.
 
 The pipeline per node, in this order:
 
@@ -17,12 +17,18 @@ The pipeline per node, in this order:
    the new weight differs from it by more than ``step``.
 6. **Rate limit**: the published weight walks from where it was towards the goal at
    no more than ``max_rate`` per second (a straight ramp, whatever the polling rate).
-7. **Health**: a node that is down gets exactly 0, at once; a node that comes back up
-   ramps linearly from ``floor`` to its weight over ``slow_start_s``.
 
-Steps 1-6 happen in :meth:`WeightTracker.observe`, timed by the sample's own
-timestamp; :meth:`WeightTracker.weights` only reads that state at ``now`` (steps 6
-and 7), so asking for weights more or less often changes nothing.
+Steps 1-5 happen in :meth:`WeightTracker.observe`, timed by the sample's own
+timestamp; :meth:`WeightTracker.weight_steps` only reads that state at ``now``
+(step 6), so asking for weights more or less often changes nothing.
+
+What is *not* here: whether the node is up. The tracker only hears of health
+(:meth:`WeightTracker.set_up`) to restart its smoothing from fresh telemetry after
+a return, since a rebooted node's old load says nothing. Zeroing a down backend
+and easing a returning one back in are :mod:`hpclb.controller.backends`' call,
+the one place a backend's state and weight are decided; the ramp it uses for
+that, static and dynamic pools alike, is :func:`slow_start_steps` below, so that
+it is integer arithmetic like the rest.
 
 **Determinism.** Every appliance of a fleet fed the same calls (same samples, same
 ``set_up`` events, same order) must publish bit-identical weights, or their Maglev
@@ -33,10 +39,10 @@ saw it. So nothing after the entry of a sample is computed in floating point:
   one IEEE-754 operation at most (``used/total``, ``rtt/scale``, ``x·2^16``), each
   of which is correctly rounded, so identical on every conforming machine, and
   Python's ``round`` of a float is exact;
-* times are integers of microseconds (``round(t·10^6)``);
-* the score, the EWMA, the clamp, the grid, the hysteresis, the ramps are integer
-  arithmetic, which is exact, so no summation order, no SIMD, no libm can change
-  a bit;
+* times are integers of microseconds (:func:`to_us`: ``round(t·10^6)``);
+* the score, the EWMA, the clamp, the grid, the hysteresis, the rate limit and the
+  slow start are integer arithmetic, which is exact, so no summation order, no
+  SIMD, no libm can change a bit;
 * a published weight is an integer number of grid steps, handed out as
   ``steps / grid`` (exact when ``grid`` is a power of two, as the default 256 is,
   and correctly rounded otherwise).
@@ -48,7 +54,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpclb.config.weights import ONE, WeightPolicy
@@ -86,7 +91,7 @@ class NodeSample:
     ``cpu_load`` is ``1 - idle`` in 0..1; memory in any unit as long as used and
     total share it; ``rtt_ms`` is the probe's round trip, ``None`` when the probe
     got no answer (scored as the worst latency; taking the node down after missed
-    heartbeats is the health checker's call, through :meth:`WeightTracker.set_up`).
+    heartbeats is the health verdict's call, ``hpclb.health.backend``).
     """
 
     node: str
@@ -106,7 +111,9 @@ def _fx(x: float) -> int:
     return round(x * ONE)
 
 
-def _us(t: float) -> int:
+def to_us(t: float) -> int:
+    """Seconds as integer microseconds, the unit of every time the integer
+    arithmetic here takes (round of a float is exact: the same on every machine)."""
     return round(t * _US)
 
 
@@ -193,25 +200,34 @@ def capacity_steps(score_units: int, policy: WeightPolicy) -> int:
     return min(max(steps, policy.floor_steps), policy.ceiling_steps)
 
 
-# --- static mode --------------------------------------------------------------------
+# --- slow start -------------------------------------------------------------------
 
 
-def static_weights(configured: Mapping[str, float]) -> dict[str, float]:
-    """``weights: static``: the configured weights, unchanged (down nodes are the
-    controller's business there, as in ``controller.pool_ring``)."""
-    return dict(configured)
+def slow_start_steps(target_steps: int, floor_steps: int, up_since_us: int | None,
+                     now_us: int, slow_start_us: int) -> int:
+    """The share of ``target_steps`` (grid steps) a backend that came back up at
+    ``up_since_us`` gets at ``now_us``: a straight ramp from the floor share
+    (``min(floor_steps, target_steps)``) to the target over ``slow_start_us``,
+    reached exactly at its end; the target at once when the backend never came
+    back (``None``: it was never down, so nothing cold to ease in) or when slow
+    start is off (``slow_start_us <= 0``).
 
-
-def pool_weights(mode: str, configured: Mapping[str, float], tracker: WeightTracker | None,
-                 now: float) -> dict[str, float]:
-    """A pool's weights by its ``weights:`` mode: configured or telemetry-driven."""
-    if mode == "static":
-        return static_weights(configured)
-    if mode == "dynamic":
-        if tracker is None:
-            raise ValueError("dynamic weights need a WeightTracker")
-        return {name: tracker.weight(name, now) for name in configured}
-    raise ValueError(f"unknown weights mode {mode!r} (static or dynamic)")
+    The one slow start of both pool kinds (``controller.backends``: a dynamic
+    pool's target is the tracker's published weight, a static pool's the whole
+    grid). Why it exists: a node back from down has cold caches and no
+    connections, and a full share at once would hand it a whole share of new
+    flows. Why from the floor: the floor is the least a healthy node gets, so a
+    returning one is sampled by traffic from its first moment. Integers only, as
+    the tracker's arithmetic, so a fleet fed the same events ramps in lockstep.
+    """
+    if up_since_us is None or slow_start_us <= 0:
+        return target_steps
+    elapsed = now_us - up_since_us
+    if elapsed >= slow_start_us:
+        return target_steps
+    lo = min(floor_steps, target_steps)
+    # A clock stepped back before up_since (elapsed < 0) holds the floor, never less.
+    return lo + (target_steps - lo) * max(elapsed, 0) // slow_start_us
 
 
 # --- the stateful part --------------------------------------------------------------
@@ -219,10 +235,9 @@ def pool_weights(mode: str, configured: Mapping[str, float], tracker: WeightTrac
 
 @dataclass(slots=True)
 class _Node:
-    up: bool = True
-    up_since_us: int | None = None  # set on a down -> up transition (slow start)
+    up: bool = True  # the health verdict, only to see a down -> up transition
     last_time_us: int | None = None  # last accepted sample
-    reseed: bool = False  # next accepted sample restarts smoothing and ramps
+    reseed: bool = False  # next accepted sample restarts smoothing and the rate limit
     smoothed: int | None = None  # EWMA of the score, ONE units
     goal: int = 0  # weight the node is heading for, grid steps (after hysteresis)
     anchor: int = 0  # published weight when the goal was set, grid steps
@@ -230,7 +245,8 @@ class _Node:
 
 
 class WeightTracker:
-    """Per-pool state: smoothed scores, published weights, health, rejection counters."""
+    """Per-pool state: smoothed scores, published weights (the capacity each node
+    has left, health aside), rejection counters."""
 
     def __init__(self, policy: WeightPolicy | None = None) -> None:
         self.policy = policy or WeightPolicy()
@@ -250,7 +266,7 @@ class WeightTracker:
         """Take a sample received at ``now`` (the appliance's clock); True if accepted."""
         reason = check_sample(sample, now, self.policy)
         node = self._nodes.get(sample.node)
-        t_us = 0 if reason is not None else _us(sample.time)  # time may be NaN if rejected
+        t_us = 0 if reason is not None else to_us(sample.time)  # time may be NaN if rejected
         if reason is None and node is not None and node.last_time_us is not None \
                 and t_us <= node.last_time_us:
             # Equal counts too: a replayed message must not be averaged in twice.
@@ -265,7 +281,8 @@ class WeightTracker:
         raw = score_fx(sample, self.policy)
         if node.smoothed is None or node.reseed:
             # First sample, or first after a restart: history says nothing about now,
-            # and slow start (not the rate limit) is what eases the node back in.
+            # and slow start (controller.backends), not the rate limit, is what eases
+            # the node back in.
             node.smoothed = raw
             node.goal = node.anchor = capacity_steps(raw, self.policy)
             node.anchor_us = t_us
@@ -285,15 +302,15 @@ class WeightTracker:
             node.goal = target
         return True
 
-    def set_up(self, node: str, up: bool, now: float) -> None:
-        """Health verdict for ``node`` at ``now``. A node never reported down counts
-        as up and does not slow-start; to slow-start a node joining a running pool,
-        report it down first."""
+    def set_up(self, node: str, up: bool) -> None:
+        """Health verdict for ``node``. On a return to up, the next accepted sample
+        is taken as is (smoothing and rate limit restart from it). The published
+        weight itself does not change: zeroing a down node and slowly starting a
+        returning one are the controller's (``controller.backends``)."""
         state = self._nodes.get(node)
         if state is None:
             state = self._nodes[node] = _Node()
         if up and not state.up:
-            state.up_since_us = _us(now)
             state.reseed = True
         state.up = up
 
@@ -311,23 +328,14 @@ class WeightTracker:
         return _toward(node.anchor, node.goal, self._rate * elapsed // (_US * _US))
 
     def weight_steps(self, name: str, now: float) -> int:
-        """Published weight of ``name`` at ``now``, in grid steps (0..grid)."""
+        """Published weight of ``name`` at ``now``, in grid steps (floor..ceiling):
+        the capacity it has left, whether it is up or not."""
         node = self._nodes.get(name)
         if node is None or node.smoothed is None:
-            # Up as far as we know but no usable telemetry yet: the floor, so an
-            # agent that never reports cannot draw a full share.
-            return 0 if node is not None and not node.up else self.policy.floor_steps
-        if not node.up:
-            return 0
-        t_us = _us(now)
-        w = self._published(node, t_us)
-        ss_us = _us(self.policy.slow_start_s)
-        if node.up_since_us is not None and ss_us > 0:
-            elapsed = t_us - node.up_since_us
-            if elapsed < ss_us:
-                lo = min(self.policy.floor_steps, w)
-                return lo + (w - lo) * max(elapsed, 0) // ss_us
-        return w
+            # No usable telemetry yet: the floor, so an agent that never reports
+            # cannot draw a full share.
+            return self.policy.floor_steps
+        return self._published(node, to_us(now))
 
     def weight(self, name: str, now: float) -> float:
         """Published weight of ``name`` at ``now`` (a multiple of 1/grid)."""

@@ -1,31 +1,73 @@
-"""The weight and the health of every backend, as the control plane publishes
-them: configuration x probes x heartbeats x telemetry.
+"""Each backend's data-plane state and ring weight, decided in one place.
 
-* A backend the operator set down or draining keeps that state (config).
-* A backend the health verdict takes down (``BackendHealth``) is DOWN in the
-  data plane, weight 0: its flows re-hash at their next packet.
-* Otherwise its weight is the configured one, times, in a ``dynamic`` pool,
-  the capacity its node has left (``WeightTracker``: telemetry, smoothing,
-  hysteresis, rate limit, quantisation). After a return, the weight ramps up
-  over the pool's ``policy.slow_start_s``: the tracker does it for dynamic
-  pools, :func:`static_ramp` for static ones.
+:class:`BackendDecider` turns four inputs into one :class:`BackendDecision`
+(state, weight) per backend:
+
+* the configuration: the operator's ``AdminState``, the configured weight, the
+  pool's ``weights`` mode and ``policy``;
+* the health verdict (:class:`~hpclb.health.backend.BackendHealth`: probes and
+  missed heartbeats);
+* telemetry, in a ``dynamic`` pool: the capacity the node has left, as its pool's
+  :class:`~hpclb.balancing.weights.WeightTracker` publishes it (validation,
+  score, smoothing, hysteresis, rate limit, on the fixed-point grid);
+* whether the controller resolved the backend's MAC (``set_unresolved``).
+
+The rules, in the order they apply, and why each is there:
+
+1. **No MAC: DOWN.** A frame cannot be addressed to a backend that did not
+   answer ARP; DOWN makes the data plane re-hash its flows rather than send
+   them nowhere.
+2. **Health down: DOWN**, at once, whatever the rate limit or the slow start:
+   a dead node's flows must move at their next packet, not after a ramp.
+3. **Otherwise the operator's state**, ``AdminState`` to ``BackendState``: UP,
+   DRAINING (pinned flows stay, new ones go elsewhere) or DOWN.
+4. **Weight 0 unless UP.** The ring only places new flows; a backend that may
+   not take one (draining, down) gets no slot, so new flows hash straight to
+   backends that may instead of leaning on the data plane's 8-slot probe to skip
+   it (pinned flows do not consult the ring, so a draining backend keeps them).
+5. **An UP backend weighs configured weight x capacity x slow start.**
+   Capacity is the tracker's published weight in a dynamic pool (what the node
+   has left: a busy node gets fewer new flows) and 1 in a static pool. Slow
+   start (:func:`~hpclb.balancing.weights.slow_start_steps`, the same function
+   for both pool kinds) eases a backend that came back up (the health verdict's
+   ``up_since``) from the pool's floor share to that capacity over
+   ``policy.slow_start_s``, so a cold node is not handed a full share of new
+   flows at once; a backend never seen down is not slowed.
+
+Everything from capacity to slow start is integer grid steps (times in integer
+microseconds), divided by the pool's grid only at the end, so appliances of a
+fleet fed the same events decide bit-identical weights, and hence build the same
+Maglev rings. ``hpclb.controller.core`` only asks: its tables carry each
+decision's state, its rings each decision's weight.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hpclb.balancing.weights import GpuSample, NodeSample, WeightTracker
-from hpclb.config import BackendConfig, HpclbConfig, PoolConfig, WeightsMode
+from hpclb.balancing.weights import (
+    GpuSample,
+    NodeSample,
+    WeightTracker,
+    slow_start_steps,
+    to_us,
+)
+from hpclb.config import AdminState, BackendConfig, HpclbConfig, PoolConfig, WeightsMode
+from hpclb.contract.tables import BackendState
 from hpclb.health.backend import BackendHealth, Change
 from hpclb.telemetry.message import TelemetryMessage
 
 log = logging.getLogger(__name__)
 
-# A static pool's slow start moves in this many steps (each one a ring patch).
-STATIC_RAMP_STEPS = 16
+# The operator's word, as the data plane spells it (rule 3).
+_ADMIN_STATE = {
+    AdminState.UP: BackendState.UP,
+    AdminState.DRAINING: BackendState.DRAINING,
+    AdminState.DOWN: BackendState.DOWN,
+}
 
 
 def to_node_sample(msg: TelemetryMessage, rtt_ms: float | None) -> NodeSample:
@@ -51,27 +93,26 @@ def to_node_sample(msg: TelemetryMessage, rtt_ms: float | None) -> NodeSample:
                       mem_total=total, rtt_ms=rtt_ms, gpus=gpus)
 
 
-def static_ramp(up_since: float | None, now: float, slow_start_s: float) -> float:
-    """Share of its weight a static-pool backend gets ``now`` after coming back
-    up at ``up_since``: 1/16 steps from 1/16 to 1 over ``slow_start_s``."""
-    if up_since is None or slow_start_s <= 0 or now - up_since >= slow_start_s:
-        return 1.0
-    done = max(now - up_since, 0.0) / slow_start_s
-    return max(1, int(done * STATIC_RAMP_STEPS)) / STATIC_RAMP_STEPS
-
-
 @dataclass(frozen=True, slots=True)
-class Member:
+class BackendDecision:
+    """What the data plane gets for one backend: its table entry's state and its
+    weight in the pool's Maglev ring (0.0 unless ``state`` is UP)."""
+
     name: str
+    state: BackendState
     weight: float
-    down: bool  # health verdict: DOWN in the data plane
 
 
-class LiveWeights:
+class BackendDecider:
+    """The state and weight of every backend of the configuration in force, from
+    its inputs (see the module's rules). Holds the health verdicts and one
+    WeightTracker per dynamic pool; pure otherwise: every time is passed in."""
+
     def __init__(self, config: HpclbConfig) -> None:
         missed = config.telemetry.missed_heartbeats if config.telemetry else 3
         self.health = BackendHealth(missed)
         self.trackers: dict[str, WeightTracker] = {}
+        self.unresolved: frozenset[str] = frozenset()
         self.config = config
         self.reconfigure(config)
 
@@ -94,18 +135,21 @@ class LiveWeights:
         for name in list(self.health.snapshot()):
             if name not in present:
                 self.health.forget(name)
+        self.unresolved &= present
 
     # --- inputs --------------------------------------------------------------
 
     def apply(self, change: Change | None) -> Change | None:
-        """Tell the tracker of the backend's pool (weight 0 now; slow start later)."""
+        """Log a health change and tell the tracker of the backend's pool, which
+        restarts its smoothing from the first sample after a return (the weight
+        itself is zeroed and slowly started here, in ``decide``)."""
         if change is None:
             return None
         log.warning("backend %s is %s: %s", change.backend, "up" if change.up else "DOWN",
                     change.reason)
         pool = self.config.pool_of(change.backend)
         if pool in self.trackers:
-            self.trackers[pool].set_up(change.backend, change.up, change.time)
+            self.trackers[pool].set_up(change.backend, change.up)
         return change
 
     def probe(self, backend: str, up: bool, reason: str, wall: float) -> Change | None:
@@ -128,23 +172,56 @@ class LiveWeights:
         (see BackendHealth.expire)."""
         return [c for c in map(self.apply, self.health.expire(mono, wall, heard_since)) if c]
 
+    def set_unresolved(self, names: Iterable[str]) -> None:
+        """The backends whose MAC the controller could not resolve, as of its
+        last attempt (rule 1); they stay DOWN until it resolves them."""
+        self.unresolved = frozenset(names)
+
     # --- outputs -------------------------------------------------------------
 
-    def weight(self, pool_name: str, pool: PoolConfig, b: BackendConfig, now: float) -> float:
-        if not self.health.is_up(b.name):
-            return 0.0
+    def decide(self, pool_name: str, pool: PoolConfig, b: BackendConfig,
+               now: float) -> BackendDecision:
+        """The state and weight of backend ``b`` of ``pool`` at ``now`` (wall clock)."""
+        if b.name in self.unresolved or not self.health.is_up(b.name):
+            return BackendDecision(b.name, BackendState.DOWN, 0.0)  # rules 1, 2
+        state = _ADMIN_STATE[b.state]  # rule 3
+        if state is not BackendState.UP:
+            return BackendDecision(b.name, state, 0.0)  # rule 4
+        policy = pool.policy
         tracker = self.trackers.get(pool_name)
-        if tracker is not None:
-            return b.weight * tracker.weight(b.name, now)
-        return b.weight * static_ramp(self.health.up_since(b.name), now,
-                                      pool.policy.slow_start_s)
+        # Capacity in grid steps: the tracker's in a dynamic pool, the whole grid
+        # (a share of 1) in a static one (rule 5).
+        capacity = policy.grid if tracker is None else tracker.weight_steps(b.name, now)
+        up_since = self.health.up_since(b.name)
+        steps = slow_start_steps(capacity, policy.floor_steps,
+                                 None if up_since is None else to_us(up_since), to_us(now),
+                                 to_us(policy.slow_start_s))
+        # steps / grid first, as the tracker publishes a share (exact for a
+        # power-of-two grid), then one multiplication by the configured weight:
+        # the same two correctly rounded operations on every appliance.
+        return BackendDecision(b.name, state, b.weight * (steps / policy.grid))
 
-    def members(self, pool_name: str, now: float) -> tuple[Member, ...]:
+    def decisions(self, pool_name: str, now: float) -> tuple[BackendDecision, ...]:
+        """The decisions of one pool's backends, in the configuration's order."""
         pool = self.config.pools[pool_name]
-        return tuple(Member(b.name, self.weight(pool_name, pool, b, now),
-                            not self.health.is_up(b.name)) for b in pool.backends)
+        return tuple(self.decide(pool_name, pool, b, now) for b in pool.backends)
+
+    def all_decisions(self, now: float) -> dict[str, tuple[BackendDecision, ...]]:
+        """Every pool's decisions, by pool name."""
+        return {name: self.decisions(name, now) for name in self.config.pools}
+
+    def ramps(self) -> bool:
+        """Whether decisions may change with no new input, as time passes: a
+        dynamic pool's rate limit walks its weights, a backend that came back up
+        is in (or was in) its slow start. The controller then compares decisions
+        every push interval instead of waiting for an event."""
+        return bool(self.trackers) or any(
+            self.health.up_since(b.name) is not None
+            for p in self.config.pools.values() for b in p.backends)
 
     def report(self, now: float) -> dict[str, object]:
+        """For the status file: health, the ring weight of each backend as decided
+        now, the samples each dynamic pool took and refused."""
         health = self.health.snapshot()
         for pool in self.config.pools.values():
             for b in pool.backends:  # never probed nor heard: up as far as we know
@@ -152,8 +229,8 @@ class LiveWeights:
                                           "beats_unknown": False})
         return {
             "health": dict(sorted(health.items())),
-            "weights": {p: {m.name: m.weight for m in self.members(p, now)}
-                        for p in self.config.pools},
+            "weights": {p: {d.name: d.weight for d in ds}
+                        for p, ds in self.all_decisions(now).items()},
             "samples_accepted": {p: t.accepted for p, t in self.trackers.items()},
             "samples_rejected": {p: t.rejection_counts() for p, t in self.trackers.items()},
         }

@@ -2,11 +2,12 @@
 -> data plane.
 
 One controller per appliance. It owns the only mutable state of the control
-plane: the configuration in force, the live weights and health (LiveWeights),
+plane: the configuration in force, the backends' health and weights
+(BackendDecider, which alone decides each backend's state and ring weight),
 the tables last pushed, the id checkpoint and the supervised data-plane
 process. Probes and telemetry arrive from their threads (Monitors) as events.
 
-    desired = tables_for(config)          # MACs resolved, Maglev rings built
+    desired = tables_for(config)          # MACs resolved, decisions, Maglev rings
     push_tables(client, current, desired) # only what differs
     current = desired
 
@@ -46,17 +47,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from hpclb.balancing import maglev
-from hpclb.config import AdminState, ConfigError, HpclbConfig, load_config
+from hpclb.config import ConfigError, HpclbConfig, load_config
 from hpclb.contract.tables import (
     MAX_BACKENDS,
     MAX_VIPS,
     PROTOCOLS,
     Backend,
-    BackendState,
     TableSet,
     Vip,
 )
-from hpclb.controller.backends import LiveWeights, Member
+from hpclb.controller.backends import BackendDecider, BackendDecision
 from hpclb.controller.events import ProbeVerdict, TelemetryArrived
 from hpclb.controller.ids import Checkpoint
 from hpclb.controller.monitors import MonitorPlan, Monitors
@@ -68,7 +68,7 @@ from hpclb.host.neighbours import NeighbourError, resolve_mac
 
 log = logging.getLogger(__name__)
 
-# A backend without a MAC is written with this one and state DOWN: never chosen.
+# A backend without a MAC is written with this one (its decision is DOWN: never chosen).
 NO_MAC = "00:00:00:00:00:00"
 # How often a failed push, or a backend that did not answer ARP, is retried.
 RETRY_INTERVAL_S = 5.0
@@ -91,13 +91,6 @@ SLOTS_PER_BACKEND_ADVISED = 100
 # Without the C Maglev fill, a configuration whose rings take longer than
 # this to rebuild in Python is refused (check_maglev_fill).
 PYTHON_FILL_MAX_S = PUSH_INTERVAL_S
-
-_STATE = {
-    AdminState.UP: BackendState.UP,
-    AdminState.DRAINING: BackendState.DRAINING,
-    AdminState.DOWN: BackendState.DOWN,
-}
-
 
 @dataclass(frozen=True)
 class Paths:
@@ -155,14 +148,11 @@ def warn_empty_pools(config: HpclbConfig) -> None:
         log.warning("%s", warning)
 
 
-def pool_ring(members: tuple[Member, ...], ids: dict[str, int], ring_size: int,
-              admin: dict[str, AdminState], unreachable: set[str]) -> np.ndarray:
-    """Maglev ring of a pool: live weight, 0 for backends not up."""
-    return maglev.build_table(
-        [(ids[m.name], m.name,
-          m.weight if admin[m.name] is AdminState.UP and m.name not in unreachable else 0.0)
-         for m in members],
-        ring_size)
+def pool_ring(decisions: tuple[BackendDecision, ...], ids: dict[str, int],
+              ring_size: int) -> np.ndarray:
+    """Maglev ring of a pool from its backends' decided weights (already 0 for a
+    backend that is not UP: controller.backends)."""
+    return maglev.build_table([(ids[d.name], d.name, d.weight) for d in decisions], ring_size)
 
 
 class StartError(Exception):
@@ -176,10 +166,10 @@ class Prepared:
 
     config: HpclbConfig
     monitors: MonitorPlan
-    live: LiveWeights
+    live: BackendDecider
     checkpoint: Checkpoint
     desired: TableSet
-    members: dict[str, tuple[Member, ...]]
+    decisions: dict[str, tuple[BackendDecision, ...]]
     faces: list[FaceChange] = field(default_factory=list)  # bound, not yet in force
     notes: list[str] = field(default_factory=list)
 
@@ -247,10 +237,11 @@ class Controller:
         self._last_health = time.monotonic()
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
-        self.live = LiveWeights(self.config)
+        self.live = BackendDecider(self.config)
         self.monitors = Monitors(self.wake, self.config.appliance.netns)
         self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
-        self._pushed_members: dict[str, tuple[Member, ...]] = {}
+        # The decisions the last tables were built from ("did anything change?").
+        self._pushed_decisions: dict[str, tuple[BackendDecision, ...]] = {}
         self._last_push = 0.0
         self._weights_due = False
         self._last_status = 0.0
@@ -278,65 +269,59 @@ class Controller:
         self.unresolved.discard(addr)
         return self.macs[addr]
 
-    def _ring(self, pool: str, members: tuple[Member, ...], admin: dict[str, AdminState],
-              unreachable: set[str], ring_size: int,
+    def _ring(self, pool: str, decisions: tuple[BackendDecision, ...], ring_size: int,
               ids: dict[str, int] | None = None) -> np.ndarray:
-        """The pool's ring, rebuilt only when its members' weights changed."""
+        """The pool's ring, rebuilt only when its backends' ids or weights changed
+        (a state change without a weight change moves no slot)."""
         ids = self.checkpoint.backends.ids if ids is None else ids
-        key = (ring_size, tuple((ids[m.name], m.name, m.weight, admin[m.name],
-                                 m.name in unreachable) for m in members))
+        key = (ring_size, tuple((ids[d.name], d.name, d.weight) for d in decisions))
         cached = self._rings.get(pool)
         if cached is None or cached[0] != key:
-            cached = self._rings[pool] = (key, pool_ring(members, ids, ring_size, admin,
-                                                         unreachable))
+            cached = self._rings[pool] = (key, pool_ring(decisions, ids, ring_size))
         return cached[1]
 
     def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
-        """The tables of the configuration in force, with the live weights."""
-        tables, self._pushed_members = self._build_tables(config, self.live, self.checkpoint,
-                                                          resolve)
+        """The tables of the configuration in force, as the decider decides now."""
+        tables, self._pushed_decisions = self._build_tables(config, self.live,
+                                                            self.checkpoint, resolve)
         self.checkpoint.save()
         return tables
 
-    def _build_tables(self, config: HpclbConfig, live: LiveWeights, checkpoint: Checkpoint,
-                resolve: bool = True) -> tuple[TableSet, dict[str, tuple[Member, ...]]]:
-        """Tables for ``config`` from ``live`` and the ids of ``checkpoint``
-        (updated in memory for new names; the caller saves it)."""
+    def _build_tables(self, config: HpclbConfig, live: BackendDecider, checkpoint: Checkpoint,
+                      resolve: bool = True
+                      ) -> tuple[TableSet, dict[str, tuple[BackendDecision, ...]]]:
+        """Tables for ``config`` from the decisions of ``live`` and the ids of
+        ``checkpoint`` (updated in memory for new names; the caller saves it)."""
         app = config.appliance
         now = time.time()
-        names = {b.name for p in config.pools.values() for b in p.backends}
-        checkpoint.backends.retain(names)
+        backends = [b for p in config.pools.values() for b in p.backends]
+        checkpoint.backends.retain({b.name for b in backends})
         checkpoint.vips.retain({v.name for v in config.vips})
         egress_port = {name: i + 1 for i, name in enumerate(app.interfaces.egress)}
 
+        # MACs first: whether a backend can be addressed at all is one of the
+        # inputs of its decision.
+        macs = {b.name: self._mac(b.address, b.mac, resolve) for b in backends}
+        live.set_unresolved(name for name, mac in macs.items() if mac is None)
+        decisions = live.all_decisions(now)
+        decided = {d.name: d for ds in decisions.values() for d in ds}
+
         tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
-        unreachable: set[str] = set()
-        admin: dict[str, AdminState] = {}
-        members = {name: live.members(name, now) for name in config.pools}
-        for pool_name, pool in config.pools.items():
-            down = {m.name for m in members[pool_name] if m.down}
-            for b in pool.backends:
-                bid = checkpoint.backends.get(b.name)
-                admin[b.name] = b.state
-                mac = self._mac(b.address, b.mac, resolve)
-                if mac is None:
-                    unreachable.add(b.name)
-                # Not answering ARP or the health verdict: DOWN, its flows move.
-                tables.backends[bid] = Backend(
-                    backend_id=bid,
-                    addr=b.address,
-                    mac=mac or NO_MAC,
-                    state=(BackendState.DOWN if mac is None or b.name in down
-                           else _STATE[b.state]),
-                    port=egress_port[b.via] if b.via else 0,
-                )
+        for b in backends:
+            bid = checkpoint.backends.get(b.name)
+            tables.backends[bid] = Backend(
+                backend_id=bid,
+                addr=b.address,
+                mac=macs[b.name] or NO_MAC,
+                state=decided[b.name].state,
+                port=egress_port[b.via] if b.via else 0,
+            )
         ids = checkpoint.backends.ids
         for v in config.vips:
             vid = checkpoint.vips.get(v.name)
             tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
-            tables.rings[vid] = self._ring(v.pool, members[v.pool], admin, unreachable,
-                                           app.ring_size, ids)
-        return tables, members
+            tables.rings[vid] = self._ring(v.pool, decisions[v.pool], app.ring_size, ids)
+        return tables, decisions
 
     # --- pushing -------------------------------------------------------------
 
@@ -372,7 +357,7 @@ class Controller:
             "management_address": new.management_address})
         return config.model_copy(update={"appliance": kept})
 
-    def _prepare(self, config: HpclbConfig, live: LiveWeights | None = None) -> Prepared:
+    def _prepare(self, config: HpclbConfig, live: BackendDecider | None = None) -> Prepared:
         """Acquire and check everything ``config`` needs; change nothing in
         force. Raises (ConfigError, StartError, OSError...) after releasing
         what it acquired."""
@@ -384,11 +369,11 @@ class Controller:
         try:
             for face in self.faces:
                 faces.append(face.prepare(config, lambda: self.status))
-            if live is None:  # a reload: the weights as they would be, on a copy
+            if live is None:  # a reload: the decisions as they would be, on a copy
                 live = copy.deepcopy(self.live)
                 live.reconfigure(config)
             checkpoint = copy.deepcopy(self.checkpoint)
-            desired, members = self._build_tables(config, live, checkpoint)
+            desired, decisions = self._build_tables(config, live, checkpoint)
             # Before anything is pushed: a restart must find every id in use.
             checkpoint.save()
         except BaseException:
@@ -396,7 +381,7 @@ class Controller:
             for change in faces:
                 change.abort()
             raise
-        return Prepared(config, plan, live, checkpoint, desired, members, faces)
+        return Prepared(config, plan, live, checkpoint, desired, decisions, faces)
 
     def _commit(self, prepared: Prepared) -> None:
         """Put a prepared configuration in force and push its tables."""
@@ -408,7 +393,7 @@ class Controller:
         warn_empty_pools(config)
         for change in prepared.faces:
             change.commit()
-        self._pushed_members = prepared.members
+        self._pushed_decisions = prepared.decisions
         self._push(prepared.desired)
         self.monitors.commit(prepared.monitors, config)
 
@@ -476,15 +461,13 @@ class Controller:
         now = time.monotonic()
         urgent |= bool(self.live.expire(now, time.time(), self._heard_since(now)))
         # Ramps (rate limit, slow start) move weights between events too.
-        self._weights_due |= any(self.live.trackers) or any(
-            self.live.health.up_since(b.name) is not None
-            for p in self.config.pools.values() for b in p.backends)
+        self._weights_due |= self.live.ramps()
         interval_over = time.monotonic() - self._last_push >= PUSH_INTERVAL_S
         if urgent or (self._weights_due and interval_over):
             self._weights_due = False
-            now = time.time()
-            members = {name: self.live.members(name, now) for name in self.config.pools}
-            if urgent or members != self._pushed_members:
+            # With the MACs as the last build found them: only a build resolves.
+            decisions = self.live.all_decisions(time.time())
+            if urgent or decisions != self._pushed_decisions:
                 self._push(self.tables_for(self.config, resolve=False))
 
     def _heard_since(self, now: float) -> float | None:

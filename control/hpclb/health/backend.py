@@ -16,10 +16,11 @@ time; while the appliance itself cannot hear, an overdue backend is *unknown*
 (kept as it is, shown in the status), never DOWN.
 
 A backend is up when both say so. Every change is returned as a
-:class:`Change`, which the controller logs, hands to the weight trackers
-(``WeightTracker.set_up``, which zeroes the weight at once and ramps it back up
-after a return) and turns into the data plane's backend state (DOWN: its flows
-re-hash at their next packet). Pure: time is passed in.
+:class:`Change`; ``controller.backends`` logs it, tells the weight tracker
+(``WeightTracker.set_up``: fresh smoothing after a return) and decides from the
+verdict: DOWN at weight 0 at once (its flows re-hash at their next packet), and
+after a return a slow start from :meth:`BackendHealth.up_since`. Pure: time is
+passed in.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Change:
     backend: str
     up: bool
     reason: str
-    time: float  # wall clock, as WeightTracker.set_up wants it
+    time: float  # wall clock, as telemetry and the slow start (up_since) count time
 
 
 @dataclass(slots=True)
