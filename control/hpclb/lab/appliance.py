@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,14 @@ class LabAppliance:
     ``policy`` and ``probe`` (dicts, as in the YAML) and a ``telemetry``
     section (bind, server_key, allow_dir...); :meth:`status` reads the
     status file `hpclb run` rewrites every second.
+
+    `hpclb run` is started as ``command_prefix + ["run", ...]``, by default
+    this interpreter running this tree's CLI (``python -m hpclb.faces.cli``),
+    in this process's environment with ``env`` set over it (default: nothing
+    added). A caller that runs another tree's control plane (a benchmark
+    comparing two builds that speak different table protocols) passes that
+    tree's command and ``PYTHONPATH``, and talks to its data plane with that
+    tree's client, not :attr:`client` (this tree's).
     """
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
@@ -54,8 +63,13 @@ class LabAppliance:
                  weights_mode: str = "static", policy: dict[str, Any] | None = None,
                  probe: dict[str, Any] | None = None,
                  telemetry: dict[str, Any] | None = None,
-                 metrics: str | None = None) -> None:
+                 metrics: str | None = None,
+                 command_prefix: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.lab = lab
+        self.command_prefix = (list(command_prefix) if command_prefix is not None
+                               else [sys.executable, "-m", "hpclb.faces.cli"])
+        self.env = dict(env) if env is not None else None
         # Prometheus exporter, "host:port" or ":port" (the appliance's lab address)
         self.metrics = metrics
         self.weights_mode = weights_mode
@@ -131,15 +145,19 @@ class LabAppliance:
     # --- lifecycle ------------------------------------------------------------
 
     def _run_argv(self) -> list[str]:
-        return [sys.executable, "-m", "hpclb.faces.cli", "run", "-c", str(self.config_path),
+        return [*self.command_prefix, "run", "-c", str(self.config_path),
                 "--state-dir", str(self.workdir / "state"), "--run-dir", str(self.workdir / "run")]
+
+    def _run_env(self) -> dict[str, str] | None:
+        """`hpclb run`'s environment: None (inherited) unless ``env`` was given."""
+        return None if self.env is None else {**os.environ, **self.env}
 
     def start(self, timeout_s: float = 30.0) -> None:
         self._write_config()
         before = self.pushes()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._run_argv(), stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, env=self._run_env())
         self.wait_pushes(before + 1, timeout_s)
 
     def kill(self) -> None:
@@ -156,7 +174,7 @@ class LabAppliance:
         returned and appended to the log."""
         self.config_path.write_text(yaml.safe_dump(config or self.config(), sort_keys=False))
         res = subprocess.run(self._run_argv(), capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL, timeout=timeout_s)
+                             stdin=subprocess.DEVNULL, timeout=timeout_s, env=self._run_env())
         with open(self.log_path, "a") as log:
             log.write(res.stdout + res.stderr)
         return res
