@@ -17,7 +17,7 @@
  * here, so the file depends on neither the kernel's nor DPDK's header set.
  *
  * What the planes do with a verdict is theirs (lb.bpf.c, fwd_packet.c);
- * control/hpclb/model.py is the reference for that, and the order of the
+ * control/hpclb/contract/model.py is the reference for that, and the order of the
  * checks below is the model's order, so that a frame that is wrong in two ways
  * gets the same verdict everywhere.
  */
@@ -25,6 +25,8 @@
 #define HPCLB_LB_PARSE_H
 
 #include <linux/types.h>
+
+#include "lb_tables.h" /* union lb_addr, enum lb_family */
 
 /* ---- portability shim ---------------------------------------------------- */
 
@@ -173,19 +175,14 @@ enum lb_parse_verdict {
 	LB_PARSE_EXT_TOO_LONG,    /* IPv6: more than LB_IPV6_MAX_EXT_HDRS extension headers */
 };
 
-#define LB_FAMILY_IPV4 4
-#define LB_FAMILY_IPV6 6
+/* The parse's names for the table contract's families (lb_tables.h). */
+#define LB_FAMILY_IPV4 LB_FAMILY_V4
+#define LB_FAMILY_IPV6 LB_FAMILY_V6
 
 #define LB_PF_VLAN 0x0001           /* one 802.1Q tag was present (vlan_tci set) */
 #define LB_PF_FRAGMENT 0x0002       /* IPv4 MF or offset; IPv6 fragment header, not atomic */
 #define LB_PF_LATER_FRAGMENT 0x0004 /* ... and not the first: no L4 header in it */
 #define LB_PF_IP_OPTIONS 0x0008     /* IPv4 IHL > 5, or IPv6 extension headers walked */
-
-union lb_addr {
-	__be32 v4;
-	__u8 v6[16];
-	__be32 v6w[4];
-};
 
 struct lb_parsed {
 	__u8 family;      /* LB_FAMILY_*, set as soon as the EtherType names one (even when
@@ -404,12 +401,13 @@ LB_INLINE enum lb_parse_verdict lb_parse_frame(struct lb_parsed *p, const void *
 	return LB_PARSE_NOT_IP;
 }
 
-/* What the data planes balance today: untagged IPv4 (the flow key and the
- * VIP table in lb_tables.h are IPv4 only). Every other frame whose Ethernet
- * header is whole is LB_PARSE_NOT_IP to them, whatever the parse found in it
- * (a tagged or IPv6 frame, even a malformed one), which is exactly what they
- * did when they read the EtherType and stopped there. To be dropped once the
- * tables are family-aware. */
+/* What the data planes balance today: untagged IPv4. The tables are
+ * family-aware since protocol 2 (an IPv6 VIP can be configured), but IPv6
+ * forwarding is not written yet. Every other frame whose Ethernet header is
+ * whole is LB_PARSE_NOT_IP to them, whatever the parse found in it (a tagged
+ * or IPv6 frame, even a malformed one, even one to a configured IPv6 VIP),
+ * which is exactly what they did when they read the EtherType and stopped
+ * there. To be dropped when the fast paths forward IPv6. */
 LB_INLINE enum lb_parse_verdict lb_untagged_ipv4_only(const struct lb_parsed *p,
 						      enum lb_parse_verdict v)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * lb_proto.h - the table-protocol server (version 1, see PROTOCOL.md), shared by
+ * lb_proto.h - the table-protocol server (version 2, see PROTOCOL.md), shared by
  * the XDP daemon and the DPDK forwarder.
  *
  * The server parses one msgpack request, validates the whole message against a
@@ -73,7 +73,10 @@ struct lb_proto_info {
 struct lb_proto_vip {
 	bool used;
 	__u8 mode;
-	struct lb_vip_key key; /* pad = 0 */
+	__u8 tunnel_family;       /* of tunnel_src; 0: none given */
+	__u16 nat_port;           /* network order, 0 = the VIP's port */
+	struct lb_vip_key key;    /* IPv4: the address's other 12 bytes 0 */
+	union lb_addr tunnel_src; /* 0 when tunnel_family is 0 */
 };
 
 struct lb_proto_state {
@@ -123,7 +126,7 @@ const struct lb_proto_state *lb_proto_server_state(const struct lb_proto_server 
 int lb_proto_handle(struct lb_proto_server *srv, const void *req, size_t len,
 		    msgpack_sbuffer *reply, struct lb_proto_outcome *out);
 
-/* Appends {"v":1,"ok":false,"error":msg} to reply: for requests the transport
+/* Appends {"v":2,"ok":false,"error":msg} to reply: for requests the transport
  * rejects before the server sees them (multi-part messages). 0 or -ENOMEM. */
 int lb_proto_error_reply(msgpack_sbuffer *reply, const char *msg);
 

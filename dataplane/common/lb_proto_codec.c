@@ -306,6 +306,31 @@ static void put_le32(__u8 *p, __u32 v)
 	p[3] = (__u8)(v >> 24);
 }
 
+/* An address field: bin 4 (IPv4) or bin 16 (IPv6), the family given by the
+ * length. IPv4 goes to out->v4 with the other 12 bytes 0 (tables compare and
+ * hash keys as raw bytes). */
+static int get_addr(struct lb_codec_req *r, const msgpack_object *map, const char *where,
+		    const char *key, union lb_addr *out, __u8 *family)
+{
+	const __u8 *data;
+	size_t len;
+
+	if (get_bin(r, map, where, key, 0, &data, &len))
+		return -1;
+	memset(out, 0, sizeof(*out));
+	if (len == 4) {
+		memcpy(&out->v4, data, 4); /* already network order */
+		*family = LB_FAMILY_V4;
+	} else if (len == 16) {
+		memcpy(out->v6, data, 16);
+		*family = LB_FAMILY_V6;
+	} else {
+		return fail(r, "field '%s%s' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got %zu",
+			    where, key, len);
+	}
+	return 0;
+}
+
 
 /* ---- field decoders ------------------------------------------------------ */
 
@@ -328,11 +353,11 @@ int lb_codec_hash_key(struct lb_codec_req *r, __u8 key[LB_HASH_KEY_LEN])
 
 int lb_codec_vip_key(struct lb_codec_req *r, struct lb_vip_key *key)
 {
-	const __u8 *addr;
-	size_t len;
+	union lb_addr addr;
 	uint64_t port, proto;
+	__u8 family;
 
-	if (get_bin(r, r->root, "", "addr", 4, &addr, &len) ||
+	if (get_addr(r, r->root, "", "addr", &addr, &family) ||
 	    get_uint(r, r->root, "", "port", 1, 65535, &port) ||
 	    get_uint(r, r->root, "", "proto", 0, 255, &proto))
 		return -1;
@@ -340,9 +365,29 @@ int lb_codec_vip_key(struct lb_codec_req *r, struct lb_vip_key *key)
 		return fail(r, "field 'proto' must be 6 (tcp) or 17 (udp), got %llu",
 			    (unsigned long long)proto);
 	memset(key, 0, sizeof(*key));
-	memcpy(&key->addr, addr, 4); /* already network order */
+	key->addr = addr;
 	key->port = htons((__u16)port);
 	key->proto = (__u8)proto;
+	key->family = family;
+	return 0;
+}
+
+int lb_codec_vip_extras(struct lb_codec_req *r, struct lb_vip_entry *e)
+{
+	const msgpack_object *o;
+	uint64_t nat_port = 0;
+
+	if (lookup(r, r->root, "", "nat_port", &o))
+		return -1;
+	if (o && get_uint(r, r->root, "", "nat_port", 0, 65535, &nat_port))
+		return -1;
+	e->nat_port = htons((__u16)nat_port);
+	e->tunnel_family = 0;
+	memset(&e->tunnel_src, 0, sizeof(e->tunnel_src));
+	if (lookup(r, r->root, "", "tunnel_src", &o))
+		return -1;
+	if (o && get_addr(r, r->root, "", "tunnel_src", &e->tunnel_src, &e->tunnel_family))
+		return -1;
 	return 0;
 }
 
@@ -393,7 +438,9 @@ int lb_codec_backends(struct lb_codec_req *r, __u32 nports, __u32 *ids, struct l
 		const msgpack_object *m = &arr->via.array.ptr[i];
 		struct lb_backend *b = &out[i];
 		uint64_t id, state, port;
-		const __u8 *addr, *mac;
+		const __u8 *mac;
+		union lb_addr addr;
+		__u8 family;
 		size_t len;
 
 		snprintf(where, sizeof(where), "backends[%u].", i);
@@ -403,7 +450,7 @@ int lb_codec_backends(struct lb_codec_req *r, __u32 nports, __u32 *ids, struct l
 				    type_name(m));
 		if (check_keys(r, m, name) ||
 		    get_uint(r, m, where, "id", 0, LB_MAX_BACKENDS - 1, &id) ||
-		    get_bin(r, m, where, "addr", 4, &addr, &len) ||
+		    get_addr(r, m, where, "addr", &addr, &family) ||
 		    get_bin(r, m, where, "mac", 6, &mac, &len) ||
 		    get_uint(r, m, where, "state", LB_BACKEND_UP, LB_BACKEND_UNUSED, &state) ||
 		    get_uint(r, m, where, "port", 0, nports - 1, &port))
@@ -421,7 +468,8 @@ int lb_codec_backends(struct lb_codec_req *r, __u32 nports, __u32 *ids, struct l
 				    (unsigned long long)id);
 		seen[id / 8] |= (__u8)(1u << (id % 8));
 		memset(b, 0, sizeof(*b));
-		memcpy(&b->addr, addr, 4);
+		b->addr = addr;
+		b->family = family;
 		memcpy(b->mac, mac, 6);
 		b->state = (__u8)state;
 		b->port = (__u8)port;
@@ -546,19 +594,36 @@ void lb_codec_reply_ring(struct lb_codec_req *r, const __u32 *ring, __u32 rs)
 	}
 }
 
+/* An address as the wire carries it: 4 bytes for IPv4, 16 for IPv6. */
+static void pack_addr(msgpack_packer *pk, const union lb_addr *a, __u8 family)
+{
+	if (family == LB_FAMILY_V6)
+		pack_bin(pk, a->v6, 16);
+	else
+		pack_bin(pk, &a->v4, 4);
+}
+
 static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 {
-	msgpack_pack_map(pk, 5);
+	bool tunnel = v->tunnel_family != 0;
+
+	msgpack_pack_map(pk, 6 + (tunnel ? 1 : 0));
 	pack_str(pk, "vip_id");
 	msgpack_pack_uint32(pk, id);
 	pack_str(pk, "addr");
-	pack_bin(pk, &v->key.addr, 4);
+	pack_addr(pk, &v->key.addr, v->key.family);
 	pack_str(pk, "port");
 	msgpack_pack_uint16(pk, ntohs(v->key.port));
 	pack_str(pk, "proto");
 	msgpack_pack_uint8(pk, v->key.proto);
 	pack_str(pk, "mode");
 	msgpack_pack_uint8(pk, v->mode);
+	pack_str(pk, "nat_port");
+	msgpack_pack_uint16(pk, ntohs(v->nat_port));
+	if (tunnel) {
+		pack_str(pk, "tunnel_src");
+		pack_addr(pk, &v->tunnel_src, v->tunnel_family);
+	}
 }
 
 /* How many VIPs and backends are configured (the array lengths of replies). */
@@ -598,7 +663,7 @@ void lb_codec_reply_dump(struct lb_codec_req *r, const struct lb_proto_state *st
 		pack_str(pk, "id");
 		msgpack_pack_uint32(pk, i);
 		pack_str(pk, "addr");
-		pack_bin(pk, &b->addr, 4);
+		pack_addr(pk, &b->addr, b->family);
 		pack_str(pk, "mac");
 		pack_bin(pk, b->mac, 6);
 		pack_str(pk, "state");
@@ -711,8 +776,8 @@ static int envelope(struct lb_codec_req *r, const msgpack_object *root)
 		return fail(r, "field 'v' must be an unsigned integer, got %s", type_name(o));
 	v = o->via.u64;
 	if (v != LB_PROTOCOL_VERSION)
-		return fail(r, "field 'v': protocol version %llu not supported (this data plane "
-			    "speaks %d)", (unsigned long long)v, LB_PROTOCOL_VERSION);
+		return fail(r, "protocol version %llu not supported: this data plane speaks %d",
+			    (unsigned long long)v, LB_PROTOCOL_VERSION);
 	if (need(r, root, "", "op", &o))
 		return -1;
 	if (o->type != MSGPACK_OBJECT_STR)

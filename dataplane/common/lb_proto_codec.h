@@ -100,9 +100,25 @@ int lb_codec_uint(struct lb_codec_req *r, const char *key, uint64_t min, uint64_
 /* 'hash_key': bin of LB_HASH_KEY_LEN bytes. */
 int lb_codec_hash_key(struct lb_codec_req *r, __u8 key[LB_HASH_KEY_LEN]);
 
+/* An address as the tables hold it: family 4 with the 12 bytes after v4
+ * zero, or family 6. Shared with the op side, which checks adopted tables
+ * (lb_proto_server_restore) by the rule the wire's 'addr' fields follow. */
+static inline int lb_codec_valid_addr(const union lb_addr *a, __u8 family)
+{
+	if (family == LB_FAMILY_V6)
+		return 1;
+	return family == LB_FAMILY_V4 && !a->v6w[1] && !a->v6w[2] && !a->v6w[3];
+}
+
 /* 'addr', 'port', 'proto' of set_vip and del_vip, as a table key (network
- * order, pad 0). proto must be 6 (tcp) or 17 (udp). */
+ * order). 'addr' is bin 4 (IPv4, family 4, the other 12 bytes 0) or bin 16
+ * (IPv6, family 6). proto must be 6 (tcp) or 17 (udp). */
 int lb_codec_vip_key(struct lb_codec_req *r, struct lb_vip_key *key);
+
+/* set_vip's optional 'nat_port' (uint 0..65535, default 0; stored in network
+ * order) and 'tunnel_src' (bin 4 or 16; absent: tunnel_family 0, address 0)
+ * into e. The other fields of e are left alone. */
+int lb_codec_vip_extras(struct lb_codec_req *r, struct lb_vip_entry *e);
 
 /* Whether the optional field key is present (given twice is an error). */
 int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present);
@@ -111,8 +127,8 @@ int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present);
  * (ring_size entries). dst may be partly written on error. */
 int lb_codec_slots(struct lb_codec_req *r, __u32 ring_size, __u32 *dst);
 
-/* 'backends': an array of at most LB_MAX_BACKENDS maps {id, addr, mac, state,
- * port < nports}, ids distinct, MACs not multicast. Entry i goes to ids[i]
+/* 'backends': an array of at most LB_MAX_BACKENDS maps {id, addr (bin 4 or
+ * 16: the family), mac, state, port < nports}, ids distinct, MACs not multicast. Entry i goes to ids[i]
  * and b[i] (both LB_MAX_BACKENDS long); *n is the entry count. */
 int lb_codec_backends(struct lb_codec_req *r, __u32 nports, __u32 *ids, struct lb_backend *b,
 		      size_t *n);

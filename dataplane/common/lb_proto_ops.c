@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * lb_proto_ops.c - the table-protocol server (version 1): what each op does
+ * lb_proto_ops.c - the table-protocol server (version 2): what each op does
  * to the tables. See PROTOCOL.md for the ops and lb_proto.h for the contract
  * with the data planes; the wire format is lb_proto_codec.c's.
  *
@@ -128,9 +128,14 @@ static int op_set_vip(struct call *c)
 	bool slots;
 	int cur, err;
 
+	memset(&e, 0, sizeof(e));
+	/* The NAT and tunnel fields are decoded and checked whatever the mode,
+	 * and stored with a DSR VIP (dump reports them), so that the modes
+	 * that will use them change no wire format when they come. */
 	if (lb_codec_uint(r, "vip_id", 0, LB_MAX_VIPS - 1, &vip_id) ||
 	    lb_codec_vip_key(r, &key) ||
-	    lb_codec_uint(r, "mode", LB_MODE_DSR, LB_MODE_TUNNEL, &mode))
+	    lb_codec_uint(r, "mode", LB_MODE_DSR, LB_MODE_TUNNEL, &mode) ||
+	    lb_codec_vip_extras(r, &e))
 		return -1;
 	if (mode != LB_MODE_DSR)
 		return lb_codec_fail(r, "mode not supported by this data plane: field 'mode' is "
@@ -171,7 +176,6 @@ static int op_set_vip(struct call *c)
 					  write_empty_ring(srv, (__u32)vip_id));
 		}
 	}
-	memset(&e, 0, sizeof(e));
 	e.vip_id = (__u32)vip_id;
 	e.mode = (__u8)mode;
 	err = srv->ops->set_vip(srv->ctx, &key, &e);
@@ -190,6 +194,9 @@ static int op_set_vip(struct call *c)
 		srv->st.vips[vip_id].key = key;
 	}
 	srv->st.vips[vip_id].mode = (__u8)mode;
+	srv->st.vips[vip_id].nat_port = e.nat_port;
+	srv->st.vips[vip_id].tunnel_family = e.tunnel_family;
+	srv->st.vips[vip_id].tunnel_src = e.tunnel_src;
 	c->changed = 1;
 	return 0;
 }
@@ -477,9 +484,11 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 		const struct lb_backend *b = &st->backends[i];
 
 		if (b->state > LB_BACKEND_UNUSED ||
-		    (b->state != LB_BACKEND_UNUSED && b->port >= srv->info.nports)) {
-			snprintf(err, errlen, "backend %u: state %u, port %u", i, b->state,
-				 b->port);
+		    (b->state != LB_BACKEND_UNUSED &&
+		     (b->port >= srv->info.nports || !lb_codec_valid_addr(&b->addr, b->family) ||
+		      b->pad[0] || b->pad[1] || b->pad[2]))) {
+			snprintf(err, errlen, "backend %u: state %u, port %u, family %u", i,
+				 b->state, b->port, b->family);
 			return -EINVAL;
 		}
 	}
@@ -496,7 +505,9 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 			}
 		}
 		if ((v->key.proto != 6 && v->key.proto != 17) || v->key.port == 0 ||
-		    v->key.pad || v->mode != LB_MODE_DSR || !st->rings[i]) {
+		    !lb_codec_valid_addr(&v->key.addr, v->key.family) ||
+		    (v->tunnel_family && !lb_codec_valid_addr(&v->tunnel_src, v->tunnel_family)) ||
+		    v->mode != LB_MODE_DSR || !st->rings[i]) {
 			snprintf(err, errlen, "VIP %u: bad key or mode", i);
 			return -EINVAL;
 		}

@@ -4,7 +4,7 @@
  * data planes (XDP program, XDP daemon, DPDK forwarder).
  *
  * Sizes live here and nowhere else. Python mirrors these layouts in
- * control/hpclb/dataplane/tables.py; tests/unit/test_tables_layout.py compiles
+ * control/hpclb/contract/tables.py; tests/unit/test_tables_layout.py compiles
  * this header and checks that every size and offset agrees.
  *
  * All multi-byte address and port fields are in network byte order, exactly as
@@ -27,7 +27,7 @@ typedef uint64_t __u64;
 
 /* ---- sizes ------------------------------------------------------------- */
 
-#define LB_PROTOCOL_VERSION 1
+#define LB_PROTOCOL_VERSION 2
 
 #define LB_MAX_VIPS 64           /* VIP table entries; a VIP's id is its ring id */
 #define LB_MAX_BACKENDS 4096     /* backend table entries, ids 0..LB_MAX_BACKENDS-1 */
@@ -42,14 +42,32 @@ typedef uint64_t __u64;
 /* A ring slot that belongs to nobody (every weight 0): packets are dropped. */
 #define LB_NO_BACKEND 0xffffffffu
 
+/* ---- addresses --------------------------------------------------------- */
+
+/* An address family, as the tables store it: the IP version number, so that
+ * a key's family byte reads the same as the packet's version nibble. */
+enum lb_family {
+	LB_FAMILY_V4 = 4,
+	LB_FAMILY_V6 = 6,
+};
+
+/* One IPv4 or IPv6 address, network order. An IPv4 address is in v4 and the
+ * other 12 bytes are 0: keys are compared and hashed as raw bytes, so a
+ * lookup must never carry garbage there. */
+union lb_addr {
+	__u32 v4;
+	__u32 v6w[4];
+	__u8 v6[16];
+};
+
 /* ---- VIPs -------------------------------------------------------------- */
 
 struct lb_vip_key {
-	__u32 addr;  /* IPv4, network order */
-	__u16 port;  /* L4 destination port, network order */
-	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 pad;    /* always 0 */
-};
+	union lb_addr addr; /* network order; IPv4 in .v4, the other 12 bytes 0 */
+	__u16 port;         /* L4 destination port, network order */
+	__u8 proto;         /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 family;        /* enum lb_family */
+}; /* 20 bytes, no implicit padding: compared and hashed as raw bytes */
 
 enum lb_vip_mode {
 	LB_MODE_DSR = 0,    /* rewrite the destination MAC; the backend answers directly */
@@ -58,10 +76,12 @@ enum lb_vip_mode {
 };
 
 struct lb_vip_entry {
-	__u32 vip_id; /* index of the VIP's ring and counters, < LB_MAX_VIPS */
-	__u8 mode;    /* enum lb_vip_mode */
-	__u8 pad[3];
-};
+	__u32 vip_id;             /* index of the VIP's ring and counters, < LB_MAX_VIPS */
+	__u8 mode;                /* enum lb_vip_mode */
+	__u8 tunnel_family;       /* enum lb_family of tunnel_src, 0 when none is set */
+	__u16 nat_port;           /* NAT mode's backend port, network order (0 = the VIP's port) */
+	union lb_addr tunnel_src; /* tunnel mode's outer source address (0 when none) */
+}; /* 24 bytes */
 
 /* ---- backends ---------------------------------------------------------- */
 
@@ -73,15 +93,17 @@ enum lb_backend_state {
 };
 
 struct lb_backend {
-	__u32 addr;   /* IPv4, network order (for NAT/tunnel modes and for reports) */
-	__u8 mac[6];  /* destination MAC written into forwarded frames */
-	__u8 state;   /* enum lb_backend_state */
-	__u8 port;    /* egress port: 0 = back out of the ingress port (XDP_TX), else devmap index */
-};
+	union lb_addr addr; /* network order (for NAT/tunnel modes and for reports); IPv4 in .v4 */
+	__u8 family;        /* enum lb_family of addr (0 in an UNUSED entry) */
+	__u8 mac[6];        /* destination MAC written into forwarded frames */
+	__u8 state;         /* enum lb_backend_state */
+	__u8 port;          /* egress port: 0 = back out of the ingress port (XDP_TX), else devmap index */
+	__u8 pad[3];        /* always 0 */
+}; /* 28 bytes */
 
 /* ---- Maglev ring ------------------------------------------------------- *
  * One ring per VIP, ring_size slots of __u32 backend ids (or LB_NO_BACKEND).
- * Slot of a flow: lb_flow_hash(key, tuple) % ring_size. ring_size is chosen
+ * Slot of a flow: lb_flow_hash(key, flow) % ring_size (lb_hash.h). ring_size is chosen
  * when a data plane starts and reported by the protocol's hello.
  */
 struct lb_ring_patch {
@@ -92,13 +114,15 @@ struct lb_ring_patch {
 /* ---- flows ------------------------------------------------------------- */
 
 struct lb_flow_key {
-	__u32 saddr; /* network order */
-	__u32 daddr;
-	__u16 sport; /* network order */
+	union lb_addr saddr; /* network order; IPv4 in .v4, the other 12 bytes 0 */
+	union lb_addr daddr;
+	__u16 sport;         /* network order */
 	__u16 dport;
 	__u8 proto;
-	__u8 pad[3]; /* always 0: the key is hashed as 16 bytes */
-};
+	__u8 family;         /* enum lb_family */
+	__u8 pad[2];         /* always 0: the key is a map key, compared as raw bytes */
+}; /* 40 bytes. Hashed (lb_hash.h): an IPv4 flow as the 16-byte protocol-1
+    * tuple, so that it keeps its ring slot; an IPv6 flow as all 40 bytes. */
 
 struct lb_flow_entry {
 	__u32 backend; /* backend id the flow is pinned to */
@@ -128,7 +152,7 @@ enum lb_stat {
 	LB_STAT_RX = 0,            /* every packet seen */
 	LB_STAT_FWD_TX,            /* forwarded back out of the ingress port */
 	LB_STAT_FWD_REDIRECT,      /* forwarded through another port */
-	LB_STAT_PASS_NOT_IPV4,     /* not IPv4: handed to the kernel */
+	LB_STAT_PASS_NOT_IPV4,     /* not untagged IPv4 (IPv6 too, until it is forwarded): to the kernel */
 	LB_STAT_PASS_NOT_VIP,      /* IPv4 but no VIP for (addr, port, proto) */
 	LB_STAT_PASS_FRAGMENT,     /* IPv4 fragment: handed to the kernel */
 	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL or version, IPv4
@@ -157,5 +181,12 @@ struct lb_config {
 	__u32 ring_size;
 	__u32 flags; /* reserved, 0 */
 };
+
+/* The layouts the protocol, the maps and the Python mirror agree on. */
+_Static_assert(sizeof(union lb_addr) == 16, "union lb_addr is 16 bytes");
+_Static_assert(sizeof(struct lb_vip_key) == 20, "struct lb_vip_key is 20 bytes");
+_Static_assert(sizeof(struct lb_vip_entry) == 24, "struct lb_vip_entry is 24 bytes");
+_Static_assert(sizeof(struct lb_backend) == 28, "struct lb_backend is 28 bytes");
+_Static_assert(sizeof(struct lb_flow_key) == 40, "struct lb_flow_key is 40 bytes");
 
 #endif /* HPCLB_LB_TABLES_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * maglev_fill.c - the sequential part of the control plane's Maglev build
- * (control/hpclb/maglev.py), loaded with ctypes as libhpclb_maglev.so.
+ * (control/hpclb/balancing/maglev.py), loaded with ctypes as libhpclb_maglev.so.
  *
  * Each turn, member turns[t] claims the first free slot of its walk
  * (offset + j * skip) % size from where its cursor stands. The turns, the

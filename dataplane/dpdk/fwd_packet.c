@@ -73,16 +73,28 @@ static enum fwd_verdict arp(struct fwd_packet_ctx *c, __u8 *frame, __u32 len)
 	return stat(c, LB_STAT_ARP_REPLY, len, FWD_REPLY);
 }
 
-/* The flow key (IPv4 for now, lb_tables.h) from a parse that said LB_PARSE_OK
- * on an untagged IPv4 frame: the one place the key is built. */
+/* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
+ * the one place the key is built. Every byte is written (the address's other
+ * 12 bytes and the pad are 0): the key is hashed and looked up as raw bytes. */
 static inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
 {
 	memset(flow, 0, sizeof(*flow));
-	flow->saddr = p->src.v4;
-	flow->daddr = p->dst.v4;
+	flow->saddr.v4 = p->src.v4;
+	flow->daddr.v4 = p->dst.v4;
 	flow->sport = p->sport;
 	flow->dport = p->dport;
 	flow->proto = p->proto;
+	flow->family = LB_FAMILY_V4;
+}
+
+/* The VIP key of an IPv4 flow, every byte written as in flow_key_v4. */
+static inline void vip_key_v4(struct lb_vip_key *vkey, const struct lb_flow_key *flow)
+{
+	memset(vkey, 0, sizeof(*vkey));
+	vkey->addr.v4 = flow->daddr.v4;
+	vkey->port = flow->dport;
+	vkey->proto = flow->proto;
+	vkey->family = LB_FAMILY_V4;
 }
 
 enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __u32 *out_port)
@@ -116,11 +128,7 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 	}
 	flow_key_v4(&flow, &pkt);
-
-	memset(&vkey, 0, sizeof(vkey));
-	vkey.addr = flow.daddr;
-	vkey.port = flow.dport;
-	vkey.proto = flow.proto;
+	vip_key_v4(&vkey, &flow);
 	vip = fwd_vip_lookup(t, &vkey);
 	if (!vip && !t->configured)
 		return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP); /* see fwd_tables.h */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * fwd_packet.h - what the forwarder does with one frame: the same decisions
- * as lb.bpf.c (control/hpclb/model.py is the reference for both), plus the
+ * as lb.bpf.c (control/hpclb/contract/model.py is the reference for both), plus the
  * ARP replies for VIP addresses that XDP leaves to the kernel.
  *
  * No I/O here: the worker hands a frame in and gets a verdict back, with the

@@ -33,11 +33,6 @@ static void publish(struct fwd_table_store *s, struct fwd_tables *next)
 	rte_free(old);
 }
 
-static __u32 vip_index_hash(const struct lb_vip_key *k)
-{
-	return (k->addr * 2654435761u) ^ ((__u32)k->port << 8) ^ k->proto;
-}
-
 /* Recreates the lookup index and the ARP address list from vip_keys. */
 static void rebuild_vip_index(struct fwd_tables *t)
 {
@@ -45,7 +40,7 @@ static void rebuild_vip_index(struct fwd_tables *t)
 	t->n_arp_addrs = 0;
 	for (__u32 v = 0; v < LB_MAX_VIPS; v++) {
 		const struct lb_vip_key *k = &t->vip_keys[v];
-		__u32 h = vip_index_hash(k);
+		__u32 h = fwd_vip_index_hash(k);
 		bool seen = false;
 
 		if (!t->vip_used[v])
@@ -62,10 +57,14 @@ static void rebuild_vip_index(struct fwd_tables *t)
 			slot->used = 1;
 			break;
 		}
+		/* ARP is IPv4's: an IPv6 VIP (neighbour discovery) is not
+		 * answered here, its frames go to the kernel. */
+		if (k->family != LB_FAMILY_V4)
+			continue;
 		for (__u32 i = 0; i < t->n_arp_addrs; i++)
-			seen = seen || t->arp_addrs[i] == k->addr;
+			seen = seen || t->arp_addrs[i] == k->addr.v4;
 		if (!seen)
-			t->arp_addrs[t->n_arp_addrs++] = k->addr;
+			t->arp_addrs[t->n_arp_addrs++] = k->addr.v4;
 	}
 }
 

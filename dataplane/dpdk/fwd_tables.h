@@ -44,7 +44,7 @@ struct fwd_tables {
 	struct lb_vip_key vip_keys[LB_MAX_VIPS]; /* by vip_id, for rebuilding the index */
 	__u8 vip_modes[LB_MAX_VIPS];
 	bool vip_used[LB_MAX_VIPS];
-	__u32 arp_addrs[LB_MAX_VIPS]; /* distinct VIP addresses the forwarder answers ARP for */
+	__u32 arp_addrs[LB_MAX_VIPS]; /* distinct IPv4 VIP addresses the forwarder answers ARP for */
 	__u32 n_arp_addrs;
 	struct lb_backend backends[LB_MAX_BACKENDS];
 	__u32 *rings[LB_MAX_VIPS]; /* ring_size slots each, NULL while the VIP has none */
@@ -88,19 +88,35 @@ static inline const struct fwd_tables *fwd_tables_current(const struct fwd_table
 	return __atomic_load_n(&s->current, __ATOMIC_ACQUIRE);
 }
 
+/* Index position of a VIP key (fwd_tables.c fills the index with the same).
+ * The four address words folded first: an IPv4 key has three zero words, so
+ * its position is what it was when the key held the IPv4 address alone. */
+static inline __u32 fwd_vip_index_hash(const struct lb_vip_key *k)
+{
+	__u32 a = k->addr.v6w[0] ^ k->addr.v6w[1] ^ k->addr.v6w[2] ^ k->addr.v6w[3];
+
+	return (a * 2654435761u) ^ ((__u32)k->port << 8) ^ k->proto ^ ((__u32)k->family << 16);
+}
+
+static inline bool fwd_vip_key_eq(const struct lb_vip_key *a, const struct lb_vip_key *b)
+{
+	return a->addr.v6w[0] == b->addr.v6w[0] && a->addr.v6w[1] == b->addr.v6w[1] &&
+	       a->addr.v6w[2] == b->addr.v6w[2] && a->addr.v6w[3] == b->addr.v6w[3] &&
+	       a->port == b->port && a->proto == b->proto && a->family == b->family;
+}
+
 /* The VIP slot of key, or NULL. */
 static inline const struct fwd_vip_slot *fwd_vip_lookup(const struct fwd_tables *t,
 							const struct lb_vip_key *key)
 {
-	__u32 h = (key->addr * 2654435761u) ^ ((__u32)key->port << 8) ^ key->proto;
+	__u32 h = fwd_vip_index_hash(key);
 
 	for (__u32 n = 0; n < FWD_VIP_INDEX_SIZE; n++) {
 		const struct fwd_vip_slot *s = &t->vip_index[(h + n) % FWD_VIP_INDEX_SIZE];
 
 		if (!s->used)
 			return NULL;
-		if (s->key.addr == key->addr && s->key.port == key->port &&
-		    s->key.proto == key->proto)
+		if (fwd_vip_key_eq(&s->key, key))
 			return s;
 	}
 	return NULL;

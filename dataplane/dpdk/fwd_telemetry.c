@@ -111,14 +111,15 @@ static void vips(struct rte_tel_data *d)
 	for (__u32 v = 0; v < LB_MAX_VIPS; v++) {
 		const struct lb_vip_key *k = &s->current->vip_keys[v];
 		struct rte_tel_data *t;
-		char name[32], addr[INET_ADDRSTRLEN];
+		char name[32], addr[INET6_ADDRSTRLEN];
 
 		if (!s->current->vip_used[v])
 			continue;
 		t = counter_dict(sum(offsetof(struct fwd_counters, vips), v));
 		if (!t)
 			break;
-		inet_ntop(AF_INET, &k->addr, addr, sizeof(addr));
+		inet_ntop(k->family == LB_FAMILY_V6 ? AF_INET6 : AF_INET, &k->addr, addr,
+			  sizeof(addr));
 		rte_tel_data_add_dict_string(t, "addr", addr);
 		rte_tel_data_add_dict_u64(t, "port", ntohs(k->port));
 		rte_tel_data_add_dict_string(t, "proto", k->proto == 6 ? "tcp" : "udp");
@@ -141,14 +142,15 @@ static void backends(struct rte_tel_data *d, const char *params)
 	     b < LB_MAX_BACKENDS && listed < BACKENDS_PER_PAGE; b++) {
 		const struct lb_backend *be = &s->current->backends[b];
 		struct rte_tel_data *t;
-		char name[32], addr[INET_ADDRSTRLEN];
+		char name[32], addr[INET6_ADDRSTRLEN];
 
 		if (be->state >= LB_BACKEND_UNUSED)
 			continue;
 		t = counter_dict(sum(offsetof(struct fwd_counters, backends), b));
 		if (!t)
 			break;
-		inet_ntop(AF_INET, &be->addr, addr, sizeof(addr));
+		inet_ntop(be->family == LB_FAMILY_V6 ? AF_INET6 : AF_INET, &be->addr, addr,
+			  sizeof(addr));
 		rte_tel_data_add_dict_string(t, "addr", addr);
 		rte_tel_data_add_dict_string(t, "state", states[be->state]);
 		snprintf(name, sizeof(name), "backend%u", b);

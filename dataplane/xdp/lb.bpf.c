@@ -18,10 +18,12 @@
  *      egress port's (lb_rewrite.h), and XDP_TX (port 0, one-arm) or
  *      XDP_REDIRECT through tx_devmap (two-arm).
  * Everything that is not for a VIP is XDP_PASS, untouched: tagged and IPv6
- * frames too, for now (lb_untagged_ipv4_only). Fragments pass to the kernel
+ * frames too, for now (lb_untagged_ipv4_only), even one to an IPv6 VIP: the
+ * tables carry IPv6 VIPs and backends since protocol 2, the fast path does
+ * not forward IPv6 yet. Fragments pass to the kernel
  * (a non-first fragment carries no ports, so it cannot be balanced
  * consistently with its head). IP options are skipped using the IHL.
- * control/hpclb/model.py is the reference for all of this.
+ * control/hpclb/contract/model.py is the reference for all of this.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -140,7 +142,9 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 
 	if (ring_size < 3)
 		return LB_NO_BACKEND;
-	hash = lb_flow_hash(cfg->hash_key, flow);
+	/* Only IPv4 keys reach here (lb_untagged_ipv4_only): the IPv4 hash,
+	 * so that the verifier walks no IPv6 code. Same value as lb_flow_hash. */
+	hash = lb_flow_hash_v4(cfg->hash_key, flow);
 	for (n = 0; n < LB_RING_PROBES; n++) {
 		__u32 idx = vip_id * ring_size + lb_probe_slot(hash, ring_size, n);
 		__u32 *id = bpf_map_lookup_elem(&ring_map, &idx);
@@ -157,15 +161,30 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 	return LB_NO_BACKEND;
 }
 
-/* The flow key (IPv4 for now, lb_tables.h) from a parse that said LB_PARSE_OK
- * on an untagged IPv4 frame: the one place the key is built. */
+/* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
+ * the one place the key is built. Every byte is written (the address's other
+ * 12 bytes and the pad are 0): the key is hashed and looked up as raw bytes,
+ * so nothing in it may be left to what the stack held. An initialiser does
+ * not promise that for a union's other bytes; a memset does. */
 static __always_inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
 {
-	flow->saddr = p->src.v4;
-	flow->daddr = p->dst.v4;
+	__builtin_memset(flow, 0, sizeof(*flow));
+	flow->saddr.v4 = p->src.v4;
+	flow->daddr.v4 = p->dst.v4;
 	flow->sport = p->sport;
 	flow->dport = p->dport;
 	flow->proto = p->proto;
+	flow->family = LB_FAMILY_V4;
+}
+
+/* The VIP key of an IPv4 flow, every byte written as in flow_key_v4. */
+static __always_inline void vip_key_v4(struct lb_vip_key *vkey, const struct lb_flow_key *flow)
+{
+	__builtin_memset(vkey, 0, sizeof(*vkey));
+	vkey->addr.v4 = flow->daddr.v4;
+	vkey->port = flow->dport;
+	vkey->proto = flow->proto;
+	vkey->family = LB_FAMILY_V4;
 }
 
 SEC("xdp")
@@ -175,8 +194,8 @@ int lb_xdp(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	__u64 len = (__u64)(data_end - data);
 	struct lb_parsed pkt;
-	struct lb_vip_key vkey = {};
-	struct lb_flow_key flow = {};
+	struct lb_vip_key vkey;
+	struct lb_flow_key flow;
 	struct lb_flow_entry *pinned, fresh = {};
 	struct lb_vip_entry *vip;
 	struct lb_backend *backend = NULL;
@@ -199,10 +218,7 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
 	}
 	flow_key_v4(&flow, &pkt);
-
-	vkey.addr = flow.daddr;
-	vkey.port = flow.dport;
-	vkey.proto = flow.proto;
+	vip_key_v4(&vkey, &flow);
 	vip = bpf_map_lookup_elem(&vip_map, &vkey);
 	if (!vip)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);

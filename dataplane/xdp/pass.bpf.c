@@ -2,7 +2,7 @@
 /* pass.bpf.c - XDP_PASS everything. A veth delivers the frames its peer sent
  * with XDP_TX/XDP_REDIRECT only when this end runs an XDP program too: on
  * kernel 6.18, GRO alone queues them but nothing wakes the queue (measured in
- * the lab, see control/hpclb/lab.py). The lab attaches this program to the
+ * the lab, see control/hpclb/lab/topology.py). The lab attaches this program to the
  * appliance's peer. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

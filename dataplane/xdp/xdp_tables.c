@@ -406,6 +406,9 @@ int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 			goto fail;
 		st->vips[e.vip_id].used = true;
 		st->vips[e.vip_id].mode = e.mode;
+		st->vips[e.vip_id].nat_port = e.nat_port;
+		st->vips[e.vip_id].tunnel_family = e.tunnel_family;
+		st->vips[e.vip_id].tunnel_src = e.tunnel_src;
 		st->vips[e.vip_id].key = key;
 		st->rings[e.vip_id] = malloc((size_t)t->ring_size * sizeof(__u32));
 		err = -ENOMEM;

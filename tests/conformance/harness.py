@@ -65,6 +65,23 @@ def base_tables(weights: dict[int, float] | None = None,
     return t
 
 
+VIP6_TCP = Vip(3, ipaddress.IPv6Address("fd00:18::10"), 80, IPPROTO_TCP)
+VIP6_UDP = Vip(4, ipaddress.IPv6Address("fd00:18::10"), 53, IPPROTO_UDP)
+BACKEND6_MACS = {4: "02:bb:00:00:00:14", 5: "02:bb:00:00:00:15"}
+
+
+def dual_tables(weights: dict[int, float] | None = None) -> TableSet:
+    """base_tables plus an IPv6 TCP and UDP VIP on IPv6 backends 4 and 5
+    (table protocol 2 holds them; the fast paths do not forward IPv6 yet)."""
+    t = base_tables(weights)
+    for bid, mac in BACKEND6_MACS.items():
+        t.backends[bid] = Backend(bid, ipaddress.IPv6Address(f"fd00:18::{bid}"), mac)
+    six = ring({4: 1.0, 5: 1.0})
+    t.vips = {**t.vips, 3: VIP6_TCP, 4: VIP6_UDP}
+    t.rings = {**t.rings, 3: six, 4: six}
+    return t
+
+
 def tcp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 80, **ip: object) -> bytes:
     return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst, **ip)
                  / TCP(sport=sport, dport=dport, flags="S"))

@@ -19,7 +19,7 @@ from scapy.layers.l2 import ARP, Ether
 
 from hpclb.contract.tables import BackendState
 
-from .harness import BACKEND_MACS, CLIENT_MAC, Harness, base_tables, tcp, udp
+from .harness import BACKEND_MACS, CLIENT_MAC, Harness, base_tables, dual_tables, tcp, udp
 
 ETH = Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01")
 
@@ -67,6 +67,38 @@ def test_non_ip_passes(harness: Harness) -> None:
     v6 = bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IPv6() / UDP(dport=53))
     for frame in (arp, v6):
         assert harness.send(frame).reason == "pass_not_ipv4"
+
+
+def test_ipv6_frames_to_an_ipv6_vip_pass(harness: Harness) -> None:
+    """Table protocol 2 carries IPv6 VIPs and backends, and the data planes
+    hold them; the fast paths do not forward IPv6 yet, so a frame to a
+    configured IPv6 VIP passes to the kernel like any IPv6 frame."""
+    harness.load(dual_tables())
+    to_vip = [
+        bytes(ETH / IPv6(src=f"fd00:19::{i + 1}", dst="fd00:18::10")
+              / TCP(sport=40000 + i, dport=80, flags="S"))
+        for i in range(8)
+    ] + [bytes(ETH / IPv6(src="fd00:19::1", dst="fd00:18::10") / UDP(sport=1000, dport=53)
+               / b"query")]
+    for frame in to_vip:
+        v = harness.send(frame)
+        assert (v.action, v.reason, v.frame) == ("pass", "pass_not_ipv4", frame)
+
+
+def test_ipv4_unchanged_next_to_ipv6_vips(harness: Harness) -> None:
+    """IPv4 flows reach the same backends whether or not IPv6 VIPs and
+    backends share the tables (the IPv4 flow hash is protocol 1's)."""
+    flows = [tcp(f"198.19.20.{1 + i % 200}", 2000 + i) for i in range(120)]
+    flows += [udp(f"198.19.21.{1 + i}", 3000 + i) for i in range(40)]
+    alone = Harness(None, harness.port_macs)
+    alone.load(base_tables())
+    expected = [alone.send(f) for f in flows]
+    harness.load(dual_tables())
+    for frame, before in zip(flows, expected, strict=True):
+        v = harness.send(frame)
+        assert (v.action, v.reason, v.backend_id, v.frame) == (
+            before.action, before.reason, before.backend_id, before.frame)
+        assert v.backend_id in (0, 1, 2)
 
 
 def test_arp_for_a_vip(harness: Harness) -> None:

@@ -30,8 +30,9 @@ static struct lb_flow_key key(__u32 i)
 	struct lb_flow_key k;
 
 	memset(&k, 0, sizeof(k));
-	k.saddr = i;
-	k.daddr = 0x0a01a8c6;
+	k.saddr.v4 = i;
+	k.daddr.v4 = 0x0a01a8c6;
+	k.family = LB_FAMILY_V4;
 	k.sport = (__u16)(i * 7);
 	k.dport = 80;
 	k.proto = 6;

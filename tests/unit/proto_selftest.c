@@ -22,6 +22,7 @@
 static struct {
 	struct lb_config cfg;
 	struct lb_vip_key keys[LB_MAX_VIPS];
+	struct lb_vip_entry entries[LB_MAX_VIPS];
 	int used[LB_MAX_VIPS];
 	struct lb_backend b[LB_MAX_BACKENDS];
 	__u32 ring[LB_MAX_VIPS][RS];
@@ -90,6 +91,7 @@ static int f_set_vip(void *c, const struct lb_vip_key *k, const struct lb_vip_en
 		dp.used[cur] = 0;
 	dp.used[e->vip_id] = 1;
 	dp.keys[e->vip_id] = *k;
+	dp.entries[e->vip_id] = *e;
 	return 0;
 }
 
@@ -170,6 +172,18 @@ static void check_mirror(const struct lb_proto_server *srv, const char *when)
 		if (st->vips[i].used) {
 			CHECK(!memcmp(&st->vips[i].key, &dp.keys[i], sizeof(dp.keys[i])),
 			      "vip %d key differs after %s", i, when);
+			CHECK(st->vips[i].mode == dp.entries[i].mode &&
+			      st->vips[i].nat_port == dp.entries[i].nat_port &&
+			      st->vips[i].tunnel_family == dp.entries[i].tunnel_family &&
+			      !memcmp(&st->vips[i].tunnel_src, &dp.entries[i].tunnel_src,
+				      sizeof(dp.entries[i].tunnel_src)) &&
+			      dp.entries[i].vip_id == (__u32)i,
+			      "vip %d entry differs after %s", i, when);
+			CHECK(dp.keys[i].family == LB_FAMILY_V6 ||
+			      (dp.keys[i].family == LB_FAMILY_V4 && !dp.keys[i].addr.v6w[1] &&
+			       !dp.keys[i].addr.v6w[2] && !dp.keys[i].addr.v6w[3]),
+			      "vip %d key: family %u or IPv4 tail not 0 after %s", i,
+			      dp.keys[i].family, when);
 			CHECK(!memcmp(st->rings[i], dp.ring[i], sizeof(dp.ring[i])),
 			      "ring %d differs after %s", i, when);
 		} else {
@@ -227,7 +241,7 @@ static void w_init(struct w *w, const char *op, int nfields)
 	msgpack_packer_init(&w->pk, &w->sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&w->pk, 2 + nfields);
 	msgpack_pack_str_with_body(&w->pk, "v", 1);
-	msgpack_pack_uint8(&w->pk, 1);
+	msgpack_pack_uint8(&w->pk, LB_PROTOCOL_VERSION);
 	msgpack_pack_str_with_body(&w->pk, "op", 2);
 	msgpack_pack_str_with_body(&w->pk, op, strlen(op));
 }
@@ -257,35 +271,61 @@ static int run(struct lb_proto_server *srv, struct w *w, char *err, size_t errle
 	return ok;
 }
 
-static void req_vip(struct w *w, __u32 id, __u8 last, __u16 port)
+/* A VIP address: 10.0.0.<last> (alen 4) or fd00::<last> (alen 16). */
+static void vip_addr(__u8 *addr, size_t alen, __u8 last)
 {
-	__u8 addr[4] = { 10, 0, 0, last };
+	memset(addr, 0, 16);
+	if (alen == 16) {
+		addr[0] = 0xfd;
+	} else {
+		addr[0] = 10;
+	}
+	addr[alen - 1] = last;
+}
 
+static void req_vip_af(struct w *w, __u32 id, __u8 last, __u16 port, size_t alen)
+{
+	__u8 addr[16];
+
+	vip_addr(addr, alen, last);
 	w_init(w, "set_vip", 5);
 	w_uint(w, "vip_id", id);
-	w_bin(w, "addr", addr, 4);
+	w_bin(w, "addr", addr, alen);
 	w_uint(w, "port", port);
 	w_uint(w, "proto", 6);
 	w_uint(w, "mode", 0);
 }
 
-static void req_backends(struct w *w, __u32 first, __u32 n, __u8 state)
+static void req_vip(struct w *w, __u32 id, __u8 last, __u16 port)
 {
-	__u8 addr[4] = { 10, 1, 0, 0 }, mac[6] = { 2, 0, 0, 0, 0, 0 };
+	req_vip_af(w, id, last, port, 4);
+}
+
+static void req_backends_af(struct w *w, __u32 first, __u32 n, __u8 state, size_t alen)
+{
+	__u8 addr[16] = { 10, 1, 0, 0 }, mac[6] = { 2, 0, 0, 0, 0, 0 };
+
+	if (alen == 16)
+		addr[0] = 0xfd;
 
 	w_init(w, "set_backends", 1);
 	w_key(w, "backends");
 	msgpack_pack_array(&w->pk, n);
 	for (__u32 i = 0; i < n; i++) {
-		addr[3] = (__u8)(first + i);
+		addr[alen - 1] = (__u8)(first + i);
 		mac[5] = (__u8)(first + i);
 		msgpack_pack_map(&w->pk, 5);
 		w_uint(w, "id", first + i);
-		w_bin(w, "addr", addr, 4);
+		w_bin(w, "addr", addr, alen);
 		w_bin(w, "mac", mac, 6);
 		w_uint(w, "state", state);
 		w_uint(w, "port", 0);
 	}
+}
+
+static void req_backends(struct w *w, __u32 first, __u32 n, __u8 state)
+{
+	req_backends_af(w, first, n, state, 4);
 }
 
 static void req_ring(struct w *w, __u32 vip, __u32 seed)
@@ -404,6 +444,107 @@ static void test_backend_macs(struct lb_proto_server *srv)
 	check_mirror(srv, "all-zero MAC");
 }
 
+/* Protocol 2's addresses: bin 4 or 16 picks the family, another length is
+ * refused naming the field; the NAT and tunnel fields are decoded, checked
+ * and stored (dump reports them) even though only DSR is served. */
+static void test_families(struct lb_proto_server *srv)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	__u8 addr6[16], addr5[5] = { 10, 0, 0, 9, 9 }, src6[16];
+	char err[512];
+	struct w w;
+
+	/* An IPv6 VIP with the same last byte and port as IPv4 VIP 3: another key. */
+	req_vip_af(&w, 40, 3, 80, 16);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPv6 set_vip: %s", err);
+	CHECK(st->vips[40].used && st->vips[40].key.family == LB_FAMILY_V6 &&
+	      st->vips[40].key.addr.v6[0] == 0xfd && st->vips[40].key.addr.v6[15] == 3,
+	      "IPv6 VIP not stored");
+	CHECK(st->vips[3].used && st->vips[3].key.family == LB_FAMILY_V4,
+	      "IPv4 VIP 3 disturbed");
+	check_mirror(srv, "IPv6 set_vip");
+
+	/* A wrong length names the field. */
+	w_init(&w, "set_vip", 5);
+	w_uint(&w, "vip_id", 41);
+	w_bin(&w, "addr", addr5, sizeof(addr5));
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	w_uint(&w, "mode", 0);
+	CHECK(!run(srv, &w, err, sizeof(err)), "5-byte addr accepted");
+	CHECK(strstr(err, "field 'addr' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5"),
+	      "error: %s", err);
+	CHECK(!st->vips[41].used, "5-byte addr applied");
+
+	/* nat_port and tunnel_src: stored with a DSR VIP (re-set: same key, id). */
+	vip_addr(addr6, 16, 3);
+	vip_addr(src6, 16, 0x99);
+	w_init(&w, "set_vip", 7);
+	w_uint(&w, "vip_id", 40);
+	w_bin(&w, "addr", addr6, 16);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	w_uint(&w, "mode", 0);
+	w_uint(&w, "nat_port", 8080);
+	w_bin(&w, "tunnel_src", src6, 16);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip with nat_port/tunnel_src: %s", err);
+	CHECK(st->vips[40].nat_port == (__u16)((8080 >> 8) | ((8080 & 0xff) << 8)) &&
+	      st->vips[40].tunnel_family == LB_FAMILY_V6 && st->vips[40].tunnel_src.v6[15] == 0x99,
+	      "nat_port/tunnel_src not stored");
+	check_mirror(srv, "set_vip extras");
+
+	/* Bad extras are refused naming the field, before the mode. */
+	w_init(&w, "set_vip", 6);
+	w_uint(&w, "vip_id", 40);
+	w_bin(&w, "addr", addr6, 16);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	w_uint(&w, "mode", 1);
+	w_bin(&w, "tunnel_src", addr5, sizeof(addr5));
+	CHECK(!run(srv, &w, err, sizeof(err)), "5-byte tunnel_src accepted");
+	CHECK(strstr(err, "field 'tunnel_src' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5"),
+	      "error: %s", err);
+	w_init(&w, "set_vip", 6);
+	w_uint(&w, "vip_id", 40);
+	w_bin(&w, "addr", addr6, 16);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	w_uint(&w, "mode", 0);
+	w_uint(&w, "nat_port", 65536);
+	CHECK(!run(srv, &w, err, sizeof(err)), "nat_port 65536 accepted");
+	CHECK(strstr(err, "field 'nat_port' out of range"), "error: %s", err);
+	/* NAT mode: its fields are valid, the mode itself is not served yet. */
+	w_init(&w, "set_vip", 6);
+	w_uint(&w, "vip_id", 40);
+	w_bin(&w, "addr", addr6, 16);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	w_uint(&w, "mode", 1);
+	w_uint(&w, "nat_port", 8081);
+	CHECK(!run(srv, &w, err, sizeof(err)), "mode 1 accepted");
+	CHECK(strstr(err, "mode not supported by this data plane"), "error: %s", err);
+	CHECK(st->vips[40].nat_port == (__u16)((8080 >> 8) | ((8080 & 0xff) << 8)),
+	      "refused request changed nat_port");
+	check_mirror(srv, "refused extras");
+
+	/* IPv6 backends next to IPv4 ones. */
+	req_backends_af(&w, 40, 4, 0, 16);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPv6 set_backends: %s", err);
+	CHECK(st->backends[41].family == LB_FAMILY_V6 && st->backends[41].addr.v6[15] == 41 &&
+	      st->backends[0].family == LB_FAMILY_V4 && st->backends[0].addr.v6w[1] == 0,
+	      "IPv6 backends not stored");
+	check_mirror(srv, "IPv6 set_backends");
+
+	/* del_vip by the IPv6 key. */
+	w_init(&w, "del_vip", 3);
+	w_bin(&w, "addr", addr6, 16);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPv6 del_vip: %s", err);
+	CHECK(!st->vips[40].used && st->vips[3].used, "IPv6 del_vip removed the wrong VIP");
+	check_mirror(srv, "IPv6 del_vip");
+}
+
 int main(void)
 {
 	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1 };
@@ -438,6 +579,7 @@ int main(void)
 
 	test_failures(srv);
 	test_backend_macs(srv);
+	test_families(srv);
 
 	/* Fuzz: random requests built from valid pieces, some mangled, plus
 	 * plain random bytes. After each, the mirror must still agree. */
@@ -445,15 +587,23 @@ int main(void)
 		int kind = rand_r(&seed) % 8;
 
 		switch (kind) {
-		case 0: req_vip(&w, rand_r(&seed) % 70, rand_r(&seed) % 8, rand_r(&seed) % 3 + 79); break;
-		case 1: req_backends(&w, rand_r(&seed) % 20, rand_r(&seed) % 6, rand_r(&seed) % 5); break;
+		case 0:
+			req_vip_af(&w, rand_r(&seed) % 70, rand_r(&seed) % 8, rand_r(&seed) % 3 + 79,
+				   rand_r(&seed) % 3 ? 4 : 16);
+			break;
+		case 1:
+			req_backends_af(&w, rand_r(&seed) % 20, rand_r(&seed) % 6, rand_r(&seed) % 5,
+					rand_r(&seed) % 3 ? 4 : 16);
+			break;
 		case 2: req_ring(&w, rand_r(&seed) % 8, rand_r(&seed)); break;
 		case 3: req_patch(&w, rand_r(&seed) % 8, rand_r(&seed) % 5, rand_r(&seed)); break;
 		case 4: {
-			__u8 addr[4] = { 10, 0, 0, (__u8)(rand_r(&seed) % 8) };
+			size_t alen = rand_r(&seed) % 3 ? 4 : 16;
+			__u8 addr[16];
 
+			vip_addr(addr, alen, (__u8)(rand_r(&seed) % 8));
 			w_init(&w, "del_vip", 3);
-			w_bin(&w, "addr", addr, 4);
+			w_bin(&w, "addr", addr, alen);
 			w_uint(&w, "port", rand_r(&seed) % 3 + 79);
 			w_uint(&w, "proto", 6);
 			break;

@@ -449,3 +449,15 @@ def test_aliases_merge_keys_and_duplicates_on_either_loader() -> None:
     broken_alias = merged.replace("        weight: 1\n", "        weight: 1\n        <<: *nope\n")
     for text in (merged, duplicated, broken_alias, BASE.replace(" 8080", " 8080\t# tab")):
         assert _outcome(text, True) == _outcome(text, False), text
+
+
+@pytest.mark.parametrize(("line", "text", "field"), [
+    (24, "    address: 2001:db8::10", "vips[0].address"),
+    (16, "        address: 2001:db8::11", "pools.web.backends[0].address"),
+])
+def test_an_ipv6_address_is_refused_as_not_yet(line: int, text: str, field: str) -> None:
+    """The table contract carries IPv6 (protocol 2); the data planes do not
+    forward it yet, so the configuration refuses it, naming the field."""
+    message = error(edit(line, text))
+    assert f"t.yaml:{line}:" in message and field in message
+    assert "IPv6 is not yet forwarded by the data planes" in message

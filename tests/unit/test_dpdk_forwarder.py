@@ -32,7 +32,7 @@ from hpclb.dataplane.dpdk import (
     forwarder_argv,
     reserve_hugepages,
 )
-from hpclb.dataplane.push import push_tables
+from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess
 from hpclb.host import install
 from hpclb.lab import dpdk_telemetry
@@ -110,6 +110,20 @@ def test_telemetry_socket_serves_the_forwarders_counters(netns: str, tmp_path: P
         assert len(dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends")) == 200
         rest = dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends,200")
         assert sorted(rest, key=lambda k: int(k[7:]))[0] == "backend200" and len(rest) == 100
+        # Table protocol 2: an IPv6 VIP and backend are held and reported.
+        v6 = _tables(300)
+        v6.vips[6] = Vip(6, ipaddress.IPv6Address("fd00::10"), 443, 17, nat_port=8443)
+        v6.rings[6] = v6.rings[5]
+        v6.backends[300] = Backend(300, ipaddress.IPv6Address("fd00:1::1"), "02:00:00:00:02:01")
+        push_tables(dp.client, _tables(300), v6)
+        held = fetch_tables(dp.client)
+        assert held.vips == v6.vips and held.backends == v6.backends
+        vips = dpdk_telemetry.query(spec.file_prefix, "/hpclb/vips")
+        assert vips["vip6"]["addr"] == "fd00::10" and vips["vip6"]["proto"] == "udp"
+        rest = dpdk_telemetry.query(spec.file_prefix, "/hpclb/backends,300")
+        assert rest["backend300"]["addr"] == "fd00:1::1"
+        push_tables(dp.client, v6, _tables(300))
+        assert fetch_tables(dp.client).vips == _tables(300).vips
         # DPDK's own client reads the same socket.
         tool = shutil.which("dpdk-telemetry.py")
         if tool is None:

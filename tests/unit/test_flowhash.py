@@ -5,8 +5,10 @@ conformance suite compares that with what the data planes did, so a Python/C
 difference would read as a data-plane bug. The C side is the real header,
 compiled here into a small harness (tests/unit/flowhash_harness.c) that hashes
 the same corpus: more than 10,000 seeded random 5-tuples under many keys and
-ring sizes, every probe slot included. The primitive itself is checked against
-the published SipHash-2-4 test vectors, in Python and in C.
+ring sizes, every probe slot included, and an IPv6 corpus the same way. The
+primitive itself is checked against the published SipHash-2-4 test vectors, in
+Python and in C. IPv4 hashes are pinned to the values of table protocol 1
+(GOLDEN_V4): the family-aware key of protocol 2 moves no IPv4 flow.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hpclb.contract import flowhash, tables
 from hpclb.contract.flowhash import (
     flow_hash,
     flow_hash_many,
+    flow_hash_message,
     flow_key_bytes,
     flow_slot,
     probe_slot,
@@ -43,6 +46,14 @@ REF_VECTORS = {
     0: 0x726FDB47DD0E0E31,  # 31 0e 0e dd 47 db 6f 72
     15: 0xA129CA6149BE45E5,  # the SipHash paper's appendix A example
     16: 0x3F2ACC7F57C29BDB,  # db 9b c2 57 7f cc 2a 3f: exactly one struct lb_flow_key
+}
+
+# IPv4 flows hashed by table protocol 1 (16-byte struct lb_flow_key) under
+# REF_KEY: protocol 2 hashes them to exactly these values.
+GOLDEN_V4 = {
+    ("10.0.0.1", "192.0.2.10", 40000, 80, 6): 0xEBF1E1FAB32C41E1,
+    ("198.51.100.7", "203.0.113.1", 53, 53, 17): 0xB18A27B66E5D9927,
+    ("0.0.0.0", "255.255.255.255", 0, 65535, 6): 0x1D7D91238B8AA8C3,
 }
 
 # Ring sizes: the default, the largest the data planes take, tiny primes (the
@@ -101,18 +112,104 @@ def test_reference_vectors() -> None:
 
 
 def test_reference_vector_in_c(harness: Path) -> None:
-    """The header's specialised 16-byte SipHash gives the published value too."""
+    """The header's whole-word SipHash gives the published value too."""
     (line,) = run_harness(harness, [f"R {REF_KEY.hex()} {bytes(range(16)).hex()}"])
     assert int(line, 16) == REF_VECTORS[16]
 
 
+def test_40_byte_primitive_in_c(harness: Path) -> None:
+    """The five-word path (an IPv6 key's length) agrees with the general SipHash."""
+    rng = random.Random(SEED + 2)
+    msgs = [bytes(range(40)), bytes(40), b"\xff" * 40] + [rng.randbytes(40) for _ in range(50)]
+    out = run_harness(harness, [f"R {REF_KEY.hex()} {m.hex()}" for m in msgs])
+    assert [int(x, 16) for x in out] == [siphash24(REF_KEY, m) for m in msgs]
+
+
+def test_ipv4_golden_vectors(harness: Path) -> None:
+    """Protocol 1's hashes, unchanged, in Python and in C."""
+    lines = []
+    for (s, d, sp, dp, p), expected in GOLDEN_V4.items():
+        assert flow_hash(REF_KEY, s, d, sp, dp, p) == expected
+        lines.append(f"F {REF_KEY.hex()} {int(ipaddress.IPv4Address(s))} "
+                     f"{int(ipaddress.IPv4Address(d))} {sp} {dp} {p} 65537")
+    out = run_harness(harness, lines)
+    assert [int(x.split()[0], 16) for x in out] == list(GOLDEN_V4.values())
+
+
 def test_flow_key_layout() -> None:
     raw = flow_key_bytes("1.2.3.4", "5.6.7.8", 0x1234, 0x5678, 6)
-    assert raw == bytes.fromhex("0102030405060708" "1234" "5678" "06" "000000")
+    assert raw == bytes.fromhex(
+        "01020304" + "00" * 12 + "05060708" + "00" * 12 + "1234" "5678" "06" "04" "0000"
+    )
     assert len(raw) == tables.FLOW_KEY_DTYPE.itemsize == flowhash.FLOW_KEY_LEN
     rec = np.frombuffer(raw, dtype=tables.FLOW_KEY_DTYPE)[0]
-    assert bytes(rec["saddr"]) == bytes([1, 2, 3, 4])
+    assert bytes(rec["saddr"]) == bytes([1, 2, 3, 4]) + bytes(12)
     assert int(rec["sport"]) == 0x1234 and int(rec["proto"]) == 6
+    assert int(rec["family"]) == 4
+    # An IPv4 flow is hashed as protocol 1's 16-byte tuple...
+    assert flow_hash_message("1.2.3.4", "5.6.7.8", 0x1234, 0x5678, 6) == bytes.fromhex(
+        "0102030405060708" "1234" "5678" "06" "000000"
+    )
+    # ...an IPv6 flow as its whole key.
+    raw6 = flow_key_bytes("2001:db8::1", "2001:db8::2", 1, 2, 17)
+    assert len(raw6) == 40 and raw6[37] == 6 and raw6[38:] == bytes(2)
+    assert flow_hash_message("2001:db8::1", "2001:db8::2", 1, 2, 17) == raw6
+    rec6 = np.frombuffer(raw6, dtype=tables.FLOW_KEY_DTYPE)[0]
+    assert bytes(rec6["daddr"]) == ipaddress.IPv6Address("2001:db8::2").packed
+
+
+def corpus_v6() -> list[tuple[bytes, bytes, bytes, int, int, int, int]]:
+    """Seeded random IPv6 flows (key, saddr, daddr, sport, dport, proto, ring)."""
+    rng = random.Random(SEED + 3)
+    keys = [bytes(16), REF_KEY, b"\xff" * 16] + [rng.randbytes(16) for _ in range(9)]
+    edge = [bytes(16), b"\xff" * 16, ipaddress.IPv6Address("::1").packed,
+            ipaddress.IPv6Address("::ffff:10.0.0.1").packed,
+            ipaddress.IPv6Address("fe80::1").packed]
+    out = []
+    for i in range(2_000):
+        edgy = i % 10 == 0
+        s = rng.choice(edge) if edgy else rng.randbytes(16)
+        d = rng.choice(edge) if edgy else rng.randbytes(16)
+        out.append((rng.choice(keys), s, d, rng.getrandbits(16), rng.getrandbits(16),
+                    rng.choice((6, 17, rng.getrandbits(8))), rng.choice(RING_SIZES)))
+    return out
+
+
+def test_ipv6_corpus_matches_c(harness: Path) -> None:
+    """IPv6 flows: the 40-byte key hashed, slots and probes, C against Python."""
+    flows = corpus_v6()
+    lines = [f"S {k.hex()} {s.hex()} {d.hex()} {sp} {dp} {p} {r}"
+             for k, s, d, sp, dp, p, r in flows]
+    c_out = run_harness(harness, lines)
+    mismatches = []
+    for (key, s, d, sp, dp, p, ring), c_line in zip(flows, c_out, strict=True):
+        h = flow_hash(key, s, d, sp, dp, p)
+        assert h == siphash24(key, flow_key_bytes(s, d, sp, dp, p))
+        py = [f"{h:016x}", str(flow_slot(key, s, d, sp, dp, p, ring))]
+        py += [str(x) for x in probe_slots(h, ring)]
+        if py != c_line.split():
+            mismatches.append(((s.hex(), d.hex(), sp, dp, p, ring), py, c_line))
+    assert not mismatches, mismatches[:5]
+
+
+def test_ipv6_golden_cases(harness: Path) -> None:
+    """A few IPv6 flows by their raw 40-byte key ('K': lb_flow_hash on the struct
+    as the data planes would hold it), against Python's hash of the same flow."""
+    cases = [
+        ("2001:db8::1", "2001:db8::10", 40000, 80, 6),
+        ("fd00::7", "fd00::1", 53, 53, 17),
+        ("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 0, 65535, 6),
+    ]
+    lines = [f"K {REF_KEY.hex()} {flow_key_bytes(*c).hex()}" for c in cases]
+    out = run_harness(harness, lines)
+    assert [int(x, 16) for x in out] == [flow_hash(REF_KEY, *c) for c in cases]
+    # The IPv4 struct through the same path takes the protocol-1 tuple.
+    (line,) = run_harness(
+        harness, [f"K {REF_KEY.hex()} {flow_key_bytes(*next(iter(GOLDEN_V4))).hex()}"])
+    assert int(line, 16) == next(iter(GOLDEN_V4.values()))
+    # A v4-mapped IPv6 address is IPv6: another flow than the IPv4 one.
+    assert flow_hash(REF_KEY, "::ffff:10.0.0.1", "::ffff:192.0.2.10", 40000, 80, 6) != \
+        GOLDEN_V4[("10.0.0.1", "192.0.2.10", 40000, 80, 6)]
 
 
 def test_address_forms_agree() -> None:
@@ -120,6 +217,9 @@ def test_address_forms_agree() -> None:
     forms: list[flowhash.Address] = ["10.1.2.3", int(a), a, a.packed]
     hashes = {flow_hash(REF_KEY, f, "192.0.2.1", 1000, 80, 6) for f in forms}
     assert len(hashes) == 1
+    b = ipaddress.IPv6Address("2001:db8::3")
+    forms6: list[flowhash.Address] = ["2001:db8::3", b, b.packed]
+    assert len({flow_hash(REF_KEY, f, "2001:db8::1", 1000, 80, 6) for f in forms6}) == 1
 
 
 def test_corpus_matches_c(harness: Path) -> None:
@@ -208,6 +308,7 @@ def test_probe_sequence_visits_every_slot(h: int, ring: int) -> None:
     [
         (lambda: flow_hash(b"short", "1.2.3.4", "5.6.7.8", 1, 2, 6), ValueError),
         (lambda: flow_hash(REF_KEY, "::1", "5.6.7.8", 1, 2, 6), ValueError),
+        (lambda: flow_hash(REF_KEY, "1.2.3.4", b"\x00" * 5, 1, 2, 6), ValueError),
         (lambda: flow_hash(REF_KEY, "1.2.3.4", 2**32, 1, 2, 6), ValueError),
         (lambda: flow_hash(REF_KEY, "1.2.3.4", "5.6.7.8", 65536, 2, 6), ValueError),
         (lambda: flow_hash(REF_KEY, "1.2.3.4", "5.6.7.8", 1, -1, 6), ValueError),

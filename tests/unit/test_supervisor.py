@@ -34,7 +34,7 @@ while True:
     req = msgpack.unpackb(sock.recv(), raw=False)
     if req.get("op") != "hello":
         time.sleep(3600)
-    sock.send(msgpack.packb({"v": 1, "ok": True, "seq": req.get("seq"), "dataplane": "fake"}))
+    sock.send(msgpack.packb({"v": 2, "ok": True, "seq": req.get("seq"), "dataplane": "fake"}))
 """
 
 

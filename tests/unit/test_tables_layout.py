@@ -48,6 +48,20 @@ CONSTANTS = {
     "LB_BACKEND_DOWN": int(tables.BackendState.DOWN),
     "LB_BACKEND_UNUSED": int(tables.BackendState.UNUSED),
     "LB_MODE_DSR": int(tables.VipMode.DSR),
+    "LB_MODE_NAT": int(tables.VipMode.NAT),
+    "LB_MODE_TUNNEL": int(tables.VipMode.TUNNEL),
+    "LB_FAMILY_V4": int(tables.Family.V4),
+    "LB_FAMILY_V6": int(tables.Family.V6),
+    "sizeof(union lb_addr)": 16,
+}
+
+# Sizes the wire and the maps were designed with (table protocol 2): a change
+# here is a protocol change, not a refactoring.
+SIZES = {
+    "lb_vip_key": 20,
+    "lb_vip_entry": 24,
+    "lb_backend": 28,
+    "lb_flow_key": 40,
 }
 
 
@@ -62,6 +76,10 @@ def _probe_source() -> str:
         lines.append('printf("], ");')
     for name in CONSTANTS:
         lines.append(f'printf("\\"{name}\\": %llu, ", (unsigned long long)({name}));')
+    # The union's members all start at 0 and cover its 16 bytes.
+    lines.append('printf("\\"lb_addr\\": [%zu, %zu, %zu, %zu], ", sizeof(union lb_addr), '
+                 'offsetof(union lb_addr, v4), offsetof(union lb_addr, v6w), '
+                 'offsetof(union lb_addr, v6));')
     lines += ['printf("\\"names\\": [");',
               'for (unsigned i = 0; i < LB_STAT_MAX; i++)',
               '  printf("%s\\"%s\\"", i ? ", " : "", names[i]);',
@@ -88,6 +106,19 @@ def test_struct_layout(header_facts: dict, struct: str) -> None:
     size, *offsets = header_facts[struct]
     assert dtype.itemsize == size
     assert [dtype.fields[f][1] for f in dtype.names or ()] == offsets  # type: ignore[index]
+
+
+@pytest.mark.parametrize("struct", sorted(SIZES))
+def test_protocol_2_sizes(header_facts: dict, struct: str) -> None:
+    assert header_facts[struct][0] == SIZES[struct] == STRUCTS[struct].itemsize
+
+
+def test_addr_union(header_facts: dict) -> None:
+    assert header_facts["lb_addr"] == [16, 0, 0, 0]
+    for dtype, field in ((tables.VIP_KEY_DTYPE, "addr"), (tables.BACKEND_DTYPE, "addr"),
+                         (tables.VIP_ENTRY_DTYPE, "tunnel_src"), (tables.FLOW_KEY_DTYPE, "saddr"),
+                         (tables.FLOW_KEY_DTYPE, "daddr")):
+        assert dtype.fields[field][0].itemsize == 16, field  # type: ignore[index]
 
 
 def test_constants(header_facts: dict) -> None:

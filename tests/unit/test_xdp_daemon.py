@@ -3,14 +3,17 @@ pushes that change only what changed."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from hpclb.contract.tables import Backend, BackendState, Vip
 from hpclb.dataplane.client import DataplaneError
 from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
@@ -139,5 +142,44 @@ def test_set_vip_with_its_ring_goes_live_complete(netns: str, tmp_path: Path) ->
         with pytest.raises(DataplaneError, match="exists"):
             client.set_vip(vip, tables.rings[0][::-1].copy())
         assert (client.get_ring(0) == tables.rings[0]).all()
+    finally:
+        stop_daemon(dataplane)
+
+
+def test_ipv6_tables_push_and_fetch(netns: str, tmp_path: Path) -> None:
+    """Table protocol 2: an IPv6 VIP (with NAT/tunnel fields) and IPv6 backends
+    pushed by the control plane's client, read back equal, then removed."""
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    dataplane = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    client = dataplane.client
+    try:
+        first = base_tables()
+        second = base_tables()
+        vip6 = Vip(9, ipaddress.IPv6Address("fd00::10"), 80, 6, nat_port=8080,
+                   tunnel_src=ipaddress.IPv6Address("fd00::1"))
+        second.vips[9] = vip6
+        second.rings[9] = second.rings[0].copy()
+        for bid in (100, 101):
+            second.backends[bid] = Backend(bid, ipaddress.IPv6Address(f"fd00:1::{bid}"),
+                                           f"02:00:00:00:01:{bid - 100:02x}")
+        push_tables(client, None, first)
+        push_tables(client, first, second)
+        held = fetch_tables(client)
+        assert held.vips == second.vips and held.backends == second.backends
+        assert held.vips[9].family == 6 and held.backends[100].family == 6
+        assert (held.rings[9] == second.rings[9]).all()
+        # A change of an IPv6 VIP's fields goes through del + set.
+        third = base_tables()
+        third.vips[9] = replace(vip6, nat_port=0, tunnel_src=None)
+        third.rings[9] = second.rings[9]
+        third.backends[100] = replace(second.backends[100], state=BackendState.DRAINING)
+        report = push_tables(client, held, third)
+        assert report.vips_deleted == 1 and report.vips_set == 1
+        held = fetch_tables(client)
+        assert held.vips == third.vips and held.backends == third.backends
+        push_tables(client, held, first)
+        held = fetch_tables(client)
+        assert held.vips == first.vips and held.backends == first.backends
     finally:
         stop_daemon(dataplane)

@@ -12,11 +12,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from enum import StrEnum
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from hpclb.config.probes import ProbeConfig
 from hpclb.config.weights import WeightPolicy
@@ -43,6 +51,40 @@ def loc_path(loc: Loc) -> str:
     return out
 
 DEFAULT_TELEMETRY_PORT = 5557
+
+IPV6_NOT_FORWARDED = (
+    "IPv6 is not yet forwarded by the data planes (the table contract carries it since "
+    "protocol 2); use an IPv4 address"
+)
+
+
+def _ip_address(v: Any) -> Any:
+    """Text -> IPv4Address or IPv6Address, with one error for both families
+    (a plain union would report one per family)."""
+    if isinstance(v, str):
+        try:
+            return ip_address(v.strip())
+        except ValueError:
+            raise ValueError("value is not a valid IPv4 or IPv6 address") from None
+    return v
+
+
+def _forwarded_family(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
+    """The data planes store IPv6 VIPs and backends (table protocol 2) but do
+    not forward IPv6 yet: refuse it here rather than configure a VIP that would
+    silently pass every packet to the kernel."""
+    if v.version != 4:
+        raise ValueError(IPV6_NOT_FORWARDED)
+    return v
+
+
+# A VIP's or a backend's address: the type the table contract carries, with
+# what the data planes forward today enforced.
+ServiceAddress = Annotated[
+    IPv4Address | IPv6Address,
+    BeforeValidator(_ip_address),
+    AfterValidator(_forwarded_family),
+]
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
@@ -256,7 +298,7 @@ class ApplianceConfig(_Strict):
 
 class BackendConfig(_Strict):
     name: Name
-    address: IPv4Address
+    address: ServiceAddress
     weight: float = Field(1.0, strict=True, ge=0, allow_inf_nan=False)
     mac: str | None = None
     via: IfName | None = None
@@ -278,9 +320,9 @@ class BackendConfig(_Strict):
 
 class PoolConfig(_Strict):
     weights: WeightsMode = WeightsMode.STATIC
-    # The pool's weight formula and dynamics (dynamic pools; slow_start_s applies
-    # to static pools too): a GPU pool sets gpu > 0 (hybrid sharding: GPU nodes
-    # weighed by their free GPU memory too).
+    # The pool's weight formula and dynamics (dynamic pools; slow_start_s, floor
+    # and grid shape the slow start of static pools too): a GPU pool sets
+    # gpu > 0 (hybrid sharding: GPU nodes weighed by their free GPU memory too).
     policy: WeightPolicy = Field(default_factory=WeightPolicy)
     # Health probe of every backend of the pool; none: only the admin state and
     # (with an agent) missed heartbeats take a backend out.
@@ -321,7 +363,7 @@ class TelemetryConfig(_Strict):
 
 class VipConfig(_Strict):
     name: Name
-    address: IPv4Address
+    address: ServiceAddress
     port: int = Field(strict=True, ge=1, le=65535)
     protocol: VipProtocol = VipProtocol.TCP
     mode: ForwardingMode = ForwardingMode.DSR
@@ -422,7 +464,7 @@ class HpclbConfig(_Strict):
         if len(seen_backend) > LB_MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {LB_MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}
-        seen_key: dict[tuple[IPv4Address, int, VipProtocol], int] = {}
+        seen_key: dict[tuple[IPv4Address | IPv6Address, int, VipProtocol], int] = {}
         for i, vip in enumerate(self.vips):
             if vip.pool not in self.pools:
                 known = ", ".join(self.pools) or "none defined"

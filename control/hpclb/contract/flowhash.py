@@ -1,9 +1,12 @@
 """The keyed flow hash, bit-identical to ``dataplane/common/lb_hash.h``.
 
-The data planes pick a flow's ring slot with SipHash-2-4 over the 16-byte
-``struct lb_flow_key`` (saddr, daddr, sport, dport in network byte order, the
-protocol byte, three zero pad bytes), keyed with the 16-byte key from the
-configuration. The control plane needs the very same function: the reference
+The data planes pick a flow's ring slot with SipHash-2-4, keyed with the
+16-byte key from the configuration, over a message built from the flow's
+``struct lb_flow_key`` (40 bytes since table protocol 2): an IPv4 flow hashes
+the 16-byte tuple of protocol 1 (saddr, daddr, sport, dport in network byte
+order, the protocol byte, three zero bytes), so that every IPv4 flow keeps its
+ring slot across the upgrade; an IPv6 flow hashes its whole 40-byte key.
+The control plane needs the very same function: the reference
 model (``model.py``) predicts which backend a packet reaches, and the
 conformance suite compares that prediction with what the XDP program and the
 DPDK forwarder actually did. Any difference here would show up as a data-plane
@@ -11,10 +14,12 @@ DPDK forwarder actually did. Any difference here would show up as a data-plane
 step (including its unsigned 64-bit wrap-around in :func:`probe_slot`) and
 ``tests/unit/test_flowhash.py`` checks it against the compiled header.
 
-Addresses may be given as dotted strings, :class:`ipaddress.IPv4Address`, the
-4 packed bytes, or the address's numeric value (``int(IPv4Address(...))``,
-i.e. host order). Ports and protocol are plain numbers, as a user writes them;
-the conversion to network order happens here, exactly once.
+Addresses may be given as strings, :class:`ipaddress.IPv4Address` or
+:class:`ipaddress.IPv6Address`, the 4 or 16 packed bytes, or an IPv4 address's
+numeric value (``int(IPv4Address(...))``, i.e. host order; an int is always
+IPv4). Both addresses of a flow are of one family. Ports and protocol are plain
+numbers, as a user writes them; the conversion to network order happens here,
+exactly once.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "BytesLike",
     "flow_hash",
     "flow_hash_many",
+    "flow_hash_message",
     "flow_key_bytes",
     "flow_slot",
     "probe_slot",
@@ -45,16 +51,24 @@ __all__ = [
     "siphash24",
 ]
 
-#: sizeof(struct lb_flow_key): the hashed message is always exactly this long.
-FLOW_KEY_LEN = 16
+#: sizeof(struct lb_flow_key).
+FLOW_KEY_LEN = 40
+#: The message an IPv4 flow is hashed as: protocol 1's 16-byte tuple.
+FLOW_TUPLE_V4_LEN = 16
 
-Address = str | int | bytes | ipaddress.IPv4Address
+FAMILY_V4 = 4
+FAMILY_V6 = 6
+
+Address = str | int | bytes | ipaddress.IPv4Address | ipaddress.IPv6Address
 #: A hash key: 16 bytes in any bytes-like container.
 BytesLike = bytes | bytearray | memoryview
 
 _MASK64 = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
-_FLOW_KEY = struct.Struct("!4s4sHHB3x")  # network order, no padding but the explicit 3x
+# struct lb_flow_key: network order, no padding but the explicit 2x.
+_FLOW_KEY = struct.Struct("!16s16sHHBB2x")
+# The protocol-1 tuple an IPv4 flow is hashed as (lb_flow_hash_v4).
+_FLOW_TUPLE_V4 = struct.Struct("!4s4sHHB3x")
 
 _C0 = 0x736F6D6570736575
 _C1 = 0x646F72616E646F6D
@@ -120,14 +134,23 @@ def siphash24(key: BytesLike, msg: BytesLike) -> int:
 
 
 def _addr_bytes(addr: Address) -> bytes:
-    """The 4 network-order bytes of an IPv4 address given in any accepted form."""
+    """The 4 or 16 network-order bytes of an address given in any accepted form."""
     if isinstance(addr, bool):  # bool is an int; never a sensible address
         raise TypeError("address must not be a bool")
-    if isinstance(addr, ipaddress.IPv4Address):
+    if isinstance(addr, ipaddress.IPv4Address | ipaddress.IPv6Address):
         return addr.packed
-    if isinstance(addr, str | int | bytes):
-        return ipaddress.IPv4Address(addr).packed
-    raise TypeError(f"address must be str, int, bytes or IPv4Address, not {type(addr).__name__}")
+    if isinstance(addr, int):
+        return ipaddress.IPv4Address(addr).packed  # an int is IPv4's numeric value
+    if isinstance(addr, bytes):
+        if len(addr) not in (4, 16):
+            raise ValueError(f"a packed address is 4 or 16 bytes, got {len(addr)}")
+        return addr
+    if isinstance(addr, str):
+        return ipaddress.ip_address(addr).packed
+    raise TypeError(
+        "address must be str, int, bytes, IPv4Address or IPv6Address, "
+        f"not {type(addr).__name__}"
+    )
 
 
 def _check_range(name: str, value: int, hi: int) -> int:
@@ -139,26 +162,53 @@ def _check_range(name: str, value: int, hi: int) -> int:
     return v
 
 
-def flow_key_bytes(saddr: Address, daddr: Address, sport: int, dport: int, proto: int) -> bytes:
-    """The 16 bytes of ``struct lb_flow_key`` for a 5-tuple, as the data planes hash them.
-
-    Addresses and ports are stored in network order (as they sit in the packet,
-    so the fast path never swaps bytes); the three pad bytes are zero.
-    """
-    return _FLOW_KEY.pack(
-        _addr_bytes(saddr),
-        _addr_bytes(daddr),
+def _flow_fields(
+    saddr: Address, daddr: Address, sport: int, dport: int, proto: int
+) -> tuple[bytes, bytes, int, int, int]:
+    s, d = _addr_bytes(saddr), _addr_bytes(daddr)
+    if len(s) != len(d):
+        raise ValueError("saddr and daddr must be of one family (both IPv4 or both IPv6)")
+    return (
+        s,
+        d,
         _check_range("sport", sport, 0xFFFF),
         _check_range("dport", dport, 0xFFFF),
         _check_range("proto", proto, 0xFF),
     )
 
 
+def flow_key_bytes(saddr: Address, daddr: Address, sport: int, dport: int, proto: int) -> bytes:
+    """The 40 bytes of ``struct lb_flow_key`` for a 5-tuple, as the data planes store it.
+
+    Addresses and ports are stored in network order (as they sit in the packet,
+    so the fast path never swaps bytes); an IPv4 address fills the first 4
+    bytes of its 16 and the rest is zero; the family byte is 4 or 6; the two
+    pad bytes are zero.
+    """
+    s, d, sp, dp, pr = _flow_fields(saddr, daddr, sport, dport, proto)
+    family = FAMILY_V4 if len(s) == 4 else FAMILY_V6
+    return _FLOW_KEY.pack(s, d, sp, dp, pr, family)
+
+
+def flow_hash_message(
+    saddr: Address, daddr: Address, sport: int, dport: int, proto: int
+) -> bytes:
+    """The bytes ``lb_flow_hash`` feeds to SipHash for a 5-tuple.
+
+    IPv4: protocol 1's 16-byte tuple (so every IPv4 flow keeps its ring slot);
+    IPv6: the whole 40-byte ``struct lb_flow_key``.
+    """
+    s, d, sp, dp, pr = _flow_fields(saddr, daddr, sport, dport, proto)
+    if len(s) == 4:
+        return _FLOW_TUPLE_V4.pack(s, d, sp, dp, pr)
+    return _FLOW_KEY.pack(s, d, sp, dp, pr, FAMILY_V6)
+
+
 def flow_hash(
     key: BytesLike, saddr: Address, daddr: Address, sport: int, dport: int, proto: int
 ) -> int:
     """``lb_flow_hash(key, &flow)``: the unsigned 64-bit hash of a 5-tuple."""
-    return siphash24(key, flow_key_bytes(saddr, daddr, sport, dport, proto))
+    return siphash24(key, flow_hash_message(saddr, daddr, sport, dport, proto))
 
 
 def _check_ring(ring_size: int) -> int:
@@ -262,9 +312,9 @@ def flow_hash_many(
     dport: ArrayLike,
     proto: ArrayLike,
 ) -> NDArray[np.uint64]:
-    """:func:`flow_hash` over arrays of 5-tuples at once (same result, element by element).
+    """:func:`flow_hash` over arrays of IPv4 5-tuples at once (same result, element by element).
 
-    Addresses are the numeric (host-order) values, ``int(IPv4Address(...))``;
+    IPv4 only. Addresses are the numeric (host-order) values, ``int(IPv4Address(...))``;
     arrays broadcast against each other. Meant for the reference model and for
     checking a ring's flow spread over a large synthetic corpus, where a Python
     loop over millions of tuples would dominate the run time.
@@ -287,7 +337,7 @@ def flow_hash_many(
     v1 = np.full(shape, k1 ^ _C1, dtype=np.uint64)
     v2 = np.full(shape, k0 ^ _C2, dtype=np.uint64)
     v3 = np.full(shape, k1 ^ _C3, dtype=np.uint64)
-    last = _u64(FLOW_KEY_LEN << 56)
+    last = _u64(FLOW_TUPLE_V4_LEN << 56)
     for m in (m0, m1):
         v3 = v3 ^ m
         v0, v1, v2, v3 = _np_sipround(v0, v1, v2, v3)

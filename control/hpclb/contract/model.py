@@ -4,6 +4,11 @@ This is the oracle of the conformance suite: the XDP program and the DPDK
 forwarder must give, for every case, the verdict, the output frame and the
 backend this model gives. It follows ``dataplane/xdp/lb.bpf.c`` step by step
 and is written for clarity, not speed.
+
+The tables are family-aware (table protocol 2: a VIP or backend may be IPv6),
+the fast paths are not yet: every IPv6 frame, one to a configured IPv6 VIP
+included, passes to the kernel as ``pass_not_ipv4``, exactly as the data
+planes do. Only IPv4 VIPs match IPv4 frames.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ class Model:
         if len(arp) < ARP_LEN or arp[:8] != ARP_REQUEST_HEAD:
             return None
         sender_mac, sender_ip, target_ip = arp[8:14], arp[14:18], arp[24:28]
-        vip_addrs = {vip.addr.packed for vip in self.tables.vips.values()}
+        vip_addrs = {vip.addr.packed for vip in self.tables.vips.values() if vip.addr.version == 4}
         if target_ip not in vip_addrs:
             return None
         mac = mac_bytes(self.port_macs[0])
@@ -98,7 +103,7 @@ class Model:
             reply = self._arp_reply(frame)
             if reply is not None:
                 return Verdict("tx", "arp_reply", reply)
-        if ethertype != ETH_P_IP:
+        if ethertype != ETH_P_IP:  # IPv6 too: not forwarded yet, whatever the tables hold
             return verdict("pass", "pass_not_ipv4")
         ip = frame[ETH_HLEN:]
         if len(ip) < 20:

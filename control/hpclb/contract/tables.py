@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Mirrors of lb_tables.h constants (checked against the header by a test).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_VIPS = 64
 MAX_BACKENDS = 4096
 RING_SIZE_DEFAULT = 65537
@@ -56,6 +56,29 @@ class BackendState(enum.IntEnum):
     UNUSED = 3
 
 
+class Family(enum.IntEnum):
+    """enum lb_family: the IP version number."""
+
+    V4 = 4
+    V6 = 6
+
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def family_of(addr: IPAddress) -> Family:
+    return Family(addr.version)
+
+
+def addr_from_wire(raw: bytes) -> IPAddress:
+    """An address field of the table protocol: bin 4 (IPv4) or bin 16 (IPv6)."""
+    if len(raw) == 4:
+        return ipaddress.IPv4Address(raw)
+    if len(raw) == 16:
+        return ipaddress.IPv6Address(raw)
+    raise ValueError(f"an address is 4 or 16 bytes, got {len(raw)}")
+
+
 class VipMode(enum.IntEnum):
     DSR = 0
     NAT = 1
@@ -63,13 +86,22 @@ class VipMode(enum.IntEnum):
 
 
 # numpy views of the C structs (little-endian host, network-order fields kept as bytes).
-VIP_KEY_DTYPE = np.dtype([("addr", "4u1"), ("port", ">u2"), ("proto", "u1"), ("pad", "u1")])
-VIP_ENTRY_DTYPE = np.dtype([("vip_id", "<u4"), ("mode", "u1"), ("pad", "3u1")])
-BACKEND_DTYPE = np.dtype([("addr", "4u1"), ("mac", "6u1"), ("state", "u1"), ("port", "u1")])
+# union lb_addr is "16u1": an IPv4 address in its first 4 bytes, the rest 0.
+VIP_KEY_DTYPE = np.dtype(
+    [("addr", "16u1"), ("port", ">u2"), ("proto", "u1"), ("family", "u1")]
+)
+VIP_ENTRY_DTYPE = np.dtype(
+    [("vip_id", "<u4"), ("mode", "u1"), ("tunnel_family", "u1"), ("nat_port", ">u2"),
+     ("tunnel_src", "16u1")]
+)
+BACKEND_DTYPE = np.dtype(
+    [("addr", "16u1"), ("family", "u1"), ("mac", "6u1"), ("state", "u1"), ("port", "u1"),
+     ("pad", "3u1")]
+)
 RING_PATCH_DTYPE = np.dtype([("slot", "<u4"), ("backend", "<u4")])
 FLOW_KEY_DTYPE = np.dtype(
-    [("saddr", "4u1"), ("daddr", "4u1"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1"),
-     ("pad", "3u1")]
+    [("saddr", "16u1"), ("daddr", "16u1"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1"),
+     ("family", "u1"), ("pad", "2u1")]
 )
 FLOW_ENTRY_DTYPE = np.dtype([("backend", "<u4"), ("vip_id", "<u4"), ("pinned_ns", "<u8")])
 PORT_DTYPE = np.dtype([("ifindex", "<u4"), ("mac", "6u1"), ("pad", "<u2")])
@@ -92,23 +124,35 @@ def mac_str(raw: bytes) -> str:
 @dataclass(frozen=True)
 class Vip:
     vip_id: int
-    addr: ipaddress.IPv4Address
+    addr: IPAddress
     port: int
     proto: int
     mode: VipMode = VipMode.DSR
+    #: NAT mode's backend port (0 = the VIP's port); carried since protocol 2.
+    nat_port: int = 0
+    #: Tunnel mode's outer source address; carried since protocol 2.
+    tunnel_src: IPAddress | None = None
 
     @property
-    def key(self) -> tuple[ipaddress.IPv4Address, int, int]:
+    def family(self) -> Family:
+        return family_of(self.addr)
+
+    @property
+    def key(self) -> tuple[IPAddress, int, int]:
         return (self.addr, self.port, self.proto)
 
 
 @dataclass(frozen=True)
 class Backend:
     backend_id: int
-    addr: ipaddress.IPv4Address
+    addr: IPAddress
     mac: str
     state: BackendState = BackendState.UP
     port: int = 0
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.addr)
 
 
 @dataclass
@@ -121,7 +165,7 @@ class TableSet:
     backends: dict[int, Backend] = field(default_factory=dict)
     rings: dict[int, np.ndarray] = field(default_factory=dict)
 
-    def vip_for(self, addr: ipaddress.IPv4Address, port: int, proto: int) -> Vip | None:
+    def vip_for(self, addr: IPAddress, port: int, proto: int) -> Vip | None:
         for vip in self.vips.values():
             if vip.key == (addr, port, proto):
                 return vip

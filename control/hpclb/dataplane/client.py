@@ -7,7 +7,6 @@ a REQ socket that missed its reply cannot send again.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 import msgpack
@@ -19,6 +18,7 @@ from hpclb.contract.tables import (
     RING_PATCH_DTYPE,
     Backend,
     BackendState,
+    IPAddress,
     Vip,
     mac_bytes,
 )
@@ -30,6 +30,28 @@ class DataplaneError(RuntimeError):
 
 class DataplaneTimeout(DataplaneError):
     """No reply within the timeout: the data plane is down or wedged."""
+
+
+def version_mismatch(peer_version: object) -> DataplaneError:
+    """The error for a data plane that speaks another table protocol version."""
+    return DataplaneError(
+        f"data plane speaks table protocol version {peer_version}, this control plane "
+        f"speaks {PROTOCOL_VERSION}: install matching builds (./bootstrap)"
+    )
+
+
+def check_version(reply: dict[str, Any]) -> None:
+    """Raise ``version_mismatch`` when a reply comes from a peer of another version.
+
+    A data plane refuses every request of another version with an error reply
+    that carries its own ``v`` (PROTOCOL.md, Versioning): that is how an older
+    or newer peer shows; every reply carries ``v``, and ``hello`` also says
+    ``version``.
+    """
+    if reply.get("v") != PROTOCOL_VERSION:
+        raise version_mismatch(reply.get("v"))
+    if "version" in reply and reply["version"] != PROTOCOL_VERSION:
+        raise version_mismatch(reply["version"])
 
 
 class DataplaneClient:
@@ -73,6 +95,7 @@ class DataplaneClient:
         self._seq += 1
         request = {"v": PROTOCOL_VERSION, "op": op, "seq": self._seq, **fields}
         reply = self.send_raw(msgpack.packb(request, use_bin_type=True))
+        check_version(reply)
         if not reply.get("ok"):
             raise DataplaneError(f"{op}: {reply.get('error', 'error without a message')}")
         return reply
@@ -80,6 +103,8 @@ class DataplaneClient:
     # --- operations ------------------------------------------------------
 
     def hello(self) -> dict[str, Any]:
+        """The data plane's facts. Raises DataplaneError when it speaks another
+        table protocol version than this control plane."""
         return self.call("hello")
 
     def set_config(self, hash_key: bytes) -> None:
@@ -89,13 +114,15 @@ class DataplaneClient:
         """Add a VIP; with ``ring``, its ring is written before the VIP goes live."""
         fields: dict[str, Any] = {
             "vip_id": vip.vip_id, "addr": vip.addr.packed, "port": vip.port,
-            "proto": vip.proto, "mode": int(vip.mode),
+            "proto": vip.proto, "mode": int(vip.mode), "nat_port": vip.nat_port,
         }
+        if vip.tunnel_src is not None:
+            fields["tunnel_src"] = vip.tunnel_src.packed
         if ring is not None:
             fields["slots"] = ring.astype("<u4").tobytes()
         self.call("set_vip", **fields)
 
-    def del_vip(self, addr: ipaddress.IPv4Address, port: int, proto: int) -> None:
+    def del_vip(self, addr: IPAddress, port: int, proto: int) -> None:
         self.call("del_vip", addr=addr.packed, port=port, proto=proto)
 
     def set_backends(self, backends: list[Backend]) -> None:

@@ -13,11 +13,18 @@ become UNUSED, once no ring names them.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from hpclb.contract.ringdiff import diff_tables
-from hpclb.contract.tables import Backend, BackendState, TableSet, Vip, VipMode, mac_str
+from hpclb.contract.tables import (
+    Backend,
+    BackendState,
+    TableSet,
+    Vip,
+    VipMode,
+    addr_from_wire,
+    mac_str,
+)
 from hpclb.dataplane.client import DataplaneClient
 
 
@@ -109,7 +116,7 @@ def fetch_tables(client: DataplaneClient) -> TableSet:
     for b in dump["backends"]:
         tables.backends[int(b["id"])] = Backend(
             backend_id=int(b["id"]),
-            addr=ipaddress.IPv4Address(bytes(b["addr"])),
+            addr=addr_from_wire(bytes(b["addr"])),
             mac=mac_str(bytes(b["mac"])),
             state=BackendState(int(b["state"])),
             port=int(b["port"]),
@@ -117,10 +124,12 @@ def fetch_tables(client: DataplaneClient) -> TableSet:
     for v in dump["vips"]:
         vip = Vip(
             vip_id=int(v["vip_id"]),
-            addr=ipaddress.IPv4Address(bytes(v["addr"])),
+            addr=addr_from_wire(bytes(v["addr"])),
             port=int(v["port"]),
             proto=int(v["proto"]),
             mode=VipMode(int(v["mode"])),
+            nat_port=int(v.get("nat_port", 0)),
+            tunnel_src=addr_from_wire(bytes(v["tunnel_src"])) if "tunnel_src" in v else None,
         )
         tables.vips[vip.vip_id] = vip
         tables.rings[vip.vip_id] = client.get_ring(vip.vip_id)

@@ -36,7 +36,12 @@ import msgpack
 import zmq
 
 from hpclb.contract.tables import PROTOCOL_VERSION
-from hpclb.dataplane.client import DataplaneClient, DataplaneError, DataplaneTimeout
+from hpclb.dataplane.client import (
+    DataplaneClient,
+    DataplaneError,
+    DataplaneTimeout,
+    check_version,
+)
 from hpclb.host import install
 
 log = logging.getLogger(__name__)
@@ -355,6 +360,8 @@ class DataplaneProcess:
             while time.monotonic() < deadline:
                 if sock.poll(READY_POLL_MS, zmq.POLLIN):
                     reply = msgpack.unpackb(sock.recv(), raw=False)
+                    if isinstance(reply, dict):
+                        check_version(reply)
                     if not isinstance(reply, dict) or not reply.get("ok"):
                         raise DataplaneError(f"hello refused by the new data plane: {reply!r}")
                     return

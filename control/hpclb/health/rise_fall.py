@@ -17,7 +17,7 @@ class Transition:
     """A backend's reported state changed.
 
     ``time`` is wall-clock seconds (``time.time()``), the clock of telemetry
-    timestamps and of ``WeightTracker.set_up(node, up, now)``; ``monotonic`` is the
+    timestamps and of the slow start (``BackendHealth.up_since``); ``monotonic`` is the
     checker's monotonic clock at the same instant, for interval arithmetic.
     """
 
