@@ -263,6 +263,19 @@ static void w_bin(struct w *w, const char *k, const void *p, size_t n)
 	msgpack_pack_bin_with_body(&w->pk, p, n);
 }
 
+/* A set_vip request's five fields for TCP port 80 (vip_id, addr, port, proto,
+ * mode), leaving room for `extra` more fields after them. */
+static void w_set_vip(struct w *w, int extra, uint64_t vip_id, const void *addr, size_t addr_len,
+		      uint64_t mode)
+{
+	w_init(w, "set_vip", 5 + extra);
+	w_uint(w, "vip_id", vip_id);
+	w_bin(w, "addr", addr, addr_len);
+	w_uint(w, "port", 80);
+	w_uint(w, "proto", 6);
+	w_uint(w, "mode", mode);
+}
+
 static int run(struct lb_proto_server *srv, struct w *w, char *err, size_t errlen)
 {
 	int ok = send_req(srv, w->sb.data, w->sb.size, err, errlen);
@@ -465,12 +478,7 @@ static void test_families(struct lb_proto_server *srv)
 	check_mirror(srv, "IPv6 set_vip");
 
 	/* A wrong length names the field. */
-	w_init(&w, "set_vip", 5);
-	w_uint(&w, "vip_id", 41);
-	w_bin(&w, "addr", addr5, sizeof(addr5));
-	w_uint(&w, "port", 80);
-	w_uint(&w, "proto", 6);
-	w_uint(&w, "mode", 0);
+	w_set_vip(&w, 0, 41, addr5, sizeof(addr5), 0);
 	CHECK(!run(srv, &w, err, sizeof(err)), "5-byte addr accepted");
 	CHECK(strstr(err, "field 'addr' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5"),
 	      "error: %s", err);
@@ -479,12 +487,7 @@ static void test_families(struct lb_proto_server *srv)
 	/* nat_port and tunnel_src: stored with a DSR VIP (re-set: same key, id). */
 	vip_addr(addr6, 16, 3);
 	vip_addr(src6, 16, 0x99);
-	w_init(&w, "set_vip", 7);
-	w_uint(&w, "vip_id", 40);
-	w_bin(&w, "addr", addr6, 16);
-	w_uint(&w, "port", 80);
-	w_uint(&w, "proto", 6);
-	w_uint(&w, "mode", 0);
+	w_set_vip(&w, 2, 40, addr6, 16, 0);
 	w_uint(&w, "nat_port", 8080);
 	w_bin(&w, "tunnel_src", src6, 16);
 	CHECK(run(srv, &w, err, sizeof(err)), "set_vip with nat_port/tunnel_src: %s", err);
@@ -494,32 +497,17 @@ static void test_families(struct lb_proto_server *srv)
 	check_mirror(srv, "set_vip extras");
 
 	/* Bad extras are refused naming the field, before the mode. */
-	w_init(&w, "set_vip", 6);
-	w_uint(&w, "vip_id", 40);
-	w_bin(&w, "addr", addr6, 16);
-	w_uint(&w, "port", 80);
-	w_uint(&w, "proto", 6);
-	w_uint(&w, "mode", 1);
+	w_set_vip(&w, 1, 40, addr6, 16, 1);
 	w_bin(&w, "tunnel_src", addr5, sizeof(addr5));
 	CHECK(!run(srv, &w, err, sizeof(err)), "5-byte tunnel_src accepted");
 	CHECK(strstr(err, "field 'tunnel_src' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5"),
 	      "error: %s", err);
-	w_init(&w, "set_vip", 6);
-	w_uint(&w, "vip_id", 40);
-	w_bin(&w, "addr", addr6, 16);
-	w_uint(&w, "port", 80);
-	w_uint(&w, "proto", 6);
-	w_uint(&w, "mode", 0);
+	w_set_vip(&w, 1, 40, addr6, 16, 0);
 	w_uint(&w, "nat_port", 65536);
 	CHECK(!run(srv, &w, err, sizeof(err)), "nat_port 65536 accepted");
 	CHECK(strstr(err, "field 'nat_port' out of range"), "error: %s", err);
 	/* NAT mode: its fields are valid, the mode itself is not served yet. */
-	w_init(&w, "set_vip", 6);
-	w_uint(&w, "vip_id", 40);
-	w_bin(&w, "addr", addr6, 16);
-	w_uint(&w, "port", 80);
-	w_uint(&w, "proto", 6);
-	w_uint(&w, "mode", 1);
+	w_set_vip(&w, 1, 40, addr6, 16, 1);
 	w_uint(&w, "nat_port", 8081);
 	CHECK(!run(srv, &w, err, sizeof(err)), "mode 1 accepted");
 	CHECK(strstr(err, "mode not supported by this data plane"), "error: %s", err);
