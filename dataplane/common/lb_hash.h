@@ -94,14 +94,30 @@ LB_HASH_INLINE __u64 lb_siphash24_words(const __u8 key[LB_HASH_KEY_LEN], const _
  * of tests/unit/test_flowhash.py still hold). The words are loaded
  * little-endian as SipHash reads bytes: on a little-endian host a __u32 or
  * __u16 field read as a number is already its bytes' little-endian value. */
-LB_HASH_INLINE __u64 lb_flow_hash_v4(const __u8 key[LB_HASH_KEY_LEN],
-				     const struct lb_flow_key *flow)
+LB_HASH_INLINE __u64 lb_flow_hash_v4_tuple(const __u8 key[LB_HASH_KEY_LEN], __u32 saddr,
+					   __u32 daddr, __u16 sport, __u16 dport, __u8 proto)
 {
 	__u64 m[2];
 
-	m[0] = (__u64)flow->saddr.v4 | (__u64)flow->daddr.v4 << 32;
-	m[1] = (__u64)flow->sport | (__u64)flow->dport << 16 | (__u64)flow->proto << 32;
+	m[0] = (__u64)saddr | (__u64)daddr << 32;
+	m[1] = (__u64)sport | (__u64)dport << 16 | (__u64)proto << 32;
 	return lb_siphash24_words(key, m, 2);
+}
+
+LB_HASH_INLINE __u64 lb_flow_hash_v4(const __u8 key[LB_HASH_KEY_LEN],
+				     const struct lb_flow_key *flow)
+{
+	return lb_flow_hash_v4_tuple(key, flow->saddr.v4, flow->daddr.v4, flow->sport,
+				     flow->dport, flow->proto);
+}
+
+/* The same hash of the XDP plane's compact IPv4 key (lb_tables.h), whose 16
+ * bytes are that very tuple. */
+LB_HASH_INLINE __u64 lb_flow_hash_v4_key(const __u8 key[LB_HASH_KEY_LEN],
+					 const struct lb_flow_key_v4 *flow)
+{
+	return lb_flow_hash_v4_tuple(key, flow->saddr, flow->daddr, flow->sport, flow->dport,
+				     flow->proto);
 }
 
 /* The flow hash of an IPv6 flow: the whole 40-byte key (family byte 6, pad 0). */

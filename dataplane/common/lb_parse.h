@@ -420,4 +420,44 @@ LB_INLINE enum lb_parse_verdict lb_untagged_ipv4_only(const struct lb_parsed *p,
 	return v;
 }
 
+/* lb_untagged_ipv4_only(p, lb_parse_frame(p, data, data_end)) in one pass,
+ * for a fast path that balances untagged IPv4 only (lb.bpf.c): the same
+ * verdict for every frame, but a tagged or non-IPv4 frame is LB_PARSE_NOT_IP
+ * from its EtherType, without walking the tag or the IPv6 header, and *p is
+ * not cleared first. Every field is written once, on the path that learns it:
+ * with LB_PARSE_OK, *p is byte for byte what lb_parse_frame fills (the
+ * constant stores the caller never reads cost nothing once inlined); with any
+ * other verdict nothing in *p is promised, and the caller reads only the
+ * verdict. Clearing the struct up front, or merging the verdicts of both
+ * families before the policy, made every field a merge of "0 or the value"
+ * that the per-packet path paid for (perf/packet_cost.py).
+ * tests/unit/parse_selftest.c checks both promises on its whole corpus, in the
+ * native and the BPF build. */
+LB_INLINE enum lb_parse_verdict lb_parse_untagged_ipv4(struct lb_parsed *p, const void *data,
+						       const void *data_end)
+{
+	const __u8 *pos = (const __u8 *)data;
+	const __u8 *end = (const __u8 *)data_end;
+	const struct lb_eth_hdr *eth = (const struct lb_eth_hdr *)pos;
+
+	if (LB_PAST_END(pos, sizeof(*eth), end))
+		return LB_PARSE_MALFORMED;
+	if (eth->proto != lb_htons(LB_ETH_P_IP))
+		return LB_PARSE_NOT_IP; /* a tag, IPv6, ARP...: lb_untagged_ipv4_only's NOT_IP */
+	p->family = LB_FAMILY_IPV4;
+	p->flags = 0;
+	p->eth_proto = eth->proto;
+	p->vlan_tci = 0;
+	p->l3_off = sizeof(*eth);
+	p->pad = 0;
+	p->src.v6w[1] = 0;
+	p->src.v6w[2] = 0;
+	p->src.v6w[3] = 0;
+	p->dst.v6w[1] = 0;
+	p->dst.v6w[2] = 0;
+	p->dst.v6w[3] = 0;
+	/* proto, addresses, l3_len, l4_off: lb_parse_ipv4; ports: with OK. */
+	return lb_parse_ipv4(p, pos + sizeof(*eth), end);
+}
+
 #endif /* HPCLB_LB_PARSE_H */

@@ -131,6 +131,36 @@ struct lb_flow_entry {
 	                  * LRU's business, so a hit writes nothing) */
 };
 
+/* ---- the XDP plane's IPv4 keys --------------------------------------------
+ * Not part of the protocol: the contract, the wire and the Python mirror carry
+ * the family-aware struct lb_vip_key and struct lb_flow_key. The XDP program
+ * keeps its IPv4 entries in maps of their own, keyed by these compact keys
+ * (DPDK l3fwd's model: each family side by side), because the kernel hashes
+ * (jhash) and compares every byte of a map key on every lookup: an IPv4 key
+ * padded to the 20- and 40-byte family-aware layouts cost the per-packet path
+ * about a third more (perf/packet_cost.py). xdp_tables.c translates when it
+ * writes or reads the maps; IPv6 entries stay in maps keyed by the contract's
+ * structs. */
+
+/* (daddr, dport, proto) of an IPv4 VIP: the table-protocol-1 VIP key. */
+struct lb_vip_key_v4 {
+	__u32 addr;  /* network order */
+	__u16 port;  /* network order */
+	__u8 proto;
+	__u8 pad;    /* always 0: compared and hashed as raw bytes */
+}; /* 8 bytes */
+
+/* An IPv4 flow: exactly the 16-byte tuple lb_flow_hash hashes it over
+ * (lb_hash.h), so a new flow hashes its own map key. */
+struct lb_flow_key_v4 {
+	__u32 saddr; /* network order */
+	__u32 daddr;
+	__u16 sport; /* network order */
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3]; /* always 0 */
+}; /* 16 bytes */
+
 /* ---- egress ports ------------------------------------------------------ */
 
 struct lb_port {
@@ -188,5 +218,8 @@ _Static_assert(sizeof(struct lb_vip_key) == 20, "struct lb_vip_key is 20 bytes")
 _Static_assert(sizeof(struct lb_vip_entry) == 24, "struct lb_vip_entry is 24 bytes");
 _Static_assert(sizeof(struct lb_backend) == 28, "struct lb_backend is 28 bytes");
 _Static_assert(sizeof(struct lb_flow_key) == 40, "struct lb_flow_key is 40 bytes");
+/* The XDP plane's compact IPv4 keys (not on the wire). */
+_Static_assert(sizeof(struct lb_vip_key_v4) == 8, "struct lb_vip_key_v4 is 8 bytes");
+_Static_assert(sizeof(struct lb_flow_key_v4) == 16, "struct lb_flow_key_v4 is 16 bytes");
 
 #endif /* HPCLB_LB_TABLES_H */

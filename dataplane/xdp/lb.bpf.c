@@ -5,7 +5,8 @@
  * Per packet: parse Ethernet/IPv4/L4 with every length checked (the IPv4
  * total length too: it covers the header and fits in the frame; lb_parse.h,
  * shared with the DPDK forwarder), look the (daddr, dport, proto) triple up
- * in vip_map, then
+ * in vip4_map (the compact IPv4 key; vip_map holds every VIP by the contract's
+ * key), then
  *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
  *      a weight change or ring patch never moves an established flow; the
  *      flow table is shared by all CPUs, so this holds whichever CPU a
@@ -33,12 +34,24 @@
 #include "lb_parse.h"
 #include "lb_rewrite.h"
 
+/* Every VIP of either family under the contract's key: the table the daemon
+ * writes and a restarted daemon adopts (xdp_tables.c). The fast path does not
+ * read it today (IPv6 frames pass); IPv6 forwarding will look up here. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb_vip_key);
 	__type(value, struct lb_vip_entry);
 	__uint(max_entries, LB_MAX_VIPS);
 } vip_map SEC(".maps");
+
+/* The IPv4 VIPs of vip_map again, under the compact 8-byte key the fast path
+ * looks up (lb_tables.h: the kernel hashes and compares whole keys). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_vip_key_v4);
+	__type(value, struct lb_vip_entry);
+	__uint(max_entries, LB_MAX_VIPS);
+} vip4_map SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -58,7 +71,11 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE);
 } ring_map SEC(".maps");
 
-/* One flow table shared by all CPUs, not one per CPU: a TCP flow's packets do
+/* IPv4 flows, under the compact 16-byte key (lb_tables.h); IPv6 flows will
+ * get a flow map of their own, keyed by struct lb_flow_key, with IPv6
+ * forwarding (an LRU map preallocates all its entries, so an unused one would
+ * cost its memory for nothing).
+ * One flow table shared by all CPUs, not one per CPU: a TCP flow's packets do
  * not all arrive on one CPU (the ACK a client sends from the softirq that
  * received the backend's reply, an RSS table change, irqbalance), and a CPU
  * that never saw a flow would re-hash it with the current ring and move it
@@ -66,7 +83,7 @@ struct {
  * flow takes the LRU's lock. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct lb_flow_key);
+	__type(key, struct lb_flow_key_v4);
 	__type(value, struct lb_flow_entry);
 	__uint(max_entries, LB_MAX_FLOWS);
 } flow_map SEC(".maps");
@@ -134,7 +151,7 @@ static __always_inline int backend_is(const struct lb_backend *b, __u8 state)
 
 /* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
 static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip_id,
-					  const struct lb_flow_key *flow)
+					  const struct lb_flow_key_v4 *flow)
 {
 	__u32 ring_size = cfg->ring_size;
 	__u64 hash;
@@ -142,9 +159,9 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 
 	if (ring_size < 3)
 		return LB_NO_BACKEND;
-	/* Only IPv4 keys reach here (lb_untagged_ipv4_only): the IPv4 hash,
-	 * so that the verifier walks no IPv6 code. Same value as lb_flow_hash. */
-	hash = lb_flow_hash_v4(cfg->hash_key, flow);
+	/* An IPv4 flow (lb_untagged_ipv4_only): the IPv4 hash of its compact
+	 * key, the same value lb_flow_hash gives its struct lb_flow_key. */
+	hash = lb_flow_hash_v4_key(cfg->hash_key, flow);
 	for (n = 0; n < LB_RING_PROBES; n++) {
 		__u32 idx = vip_id * ring_size + lb_probe_slot(hash, ring_size, n);
 		__u32 *id = bpf_map_lookup_elem(&ring_map, &idx);
@@ -162,29 +179,29 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 }
 
 /* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
- * the one place the key is built. Every byte is written (the address's other
- * 12 bytes and the pad are 0): the key is hashed and looked up as raw bytes,
- * so nothing in it may be left to what the stack held. An initialiser does
- * not promise that for a union's other bytes; a memset does. */
-static __always_inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
+ * the one place the key is built. Every byte is written (pad included): the
+ * key is hashed and looked up as raw bytes, so nothing in it may be left to
+ * what the stack held. */
+static __always_inline void flow_key_v4(struct lb_flow_key_v4 *flow, const struct lb_parsed *p)
 {
-	__builtin_memset(flow, 0, sizeof(*flow));
-	flow->saddr.v4 = p->src.v4;
-	flow->daddr.v4 = p->dst.v4;
+	flow->saddr = p->src.v4;
+	flow->daddr = p->dst.v4;
 	flow->sport = p->sport;
 	flow->dport = p->dport;
 	flow->proto = p->proto;
-	flow->family = LB_FAMILY_V4;
+	flow->pad[0] = 0;
+	flow->pad[1] = 0;
+	flow->pad[2] = 0;
 }
 
 /* The VIP key of an IPv4 flow, every byte written as in flow_key_v4. */
-static __always_inline void vip_key_v4(struct lb_vip_key *vkey, const struct lb_flow_key *flow)
+static __always_inline void vip_key_v4(struct lb_vip_key_v4 *vkey,
+				       const struct lb_flow_key_v4 *flow)
 {
-	__builtin_memset(vkey, 0, sizeof(*vkey));
-	vkey->addr.v4 = flow->daddr.v4;
+	vkey->addr = flow->daddr;
 	vkey->port = flow->dport;
 	vkey->proto = flow->proto;
-	vkey->family = LB_FAMILY_V4;
+	vkey->pad = 0;
 }
 
 SEC("xdp")
@@ -194,8 +211,8 @@ int lb_xdp(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	__u64 len = (__u64)(data_end - data);
 	struct lb_parsed pkt;
-	struct lb_vip_key vkey;
-	struct lb_flow_key flow;
+	struct lb_vip_key_v4 vkey;
+	struct lb_flow_key_v4 flow;
 	struct lb_flow_entry *pinned, fresh = {};
 	struct lb_vip_entry *vip;
 	struct lb_backend *backend = NULL;
@@ -205,7 +222,7 @@ int lb_xdp(struct xdp_md *ctx)
 	long verdict;
 
 	stat(LB_STAT_RX, len, 0);
-	switch (lb_untagged_ipv4_only(&pkt, lb_parse_frame(&pkt, data, data_end))) {
+	switch (lb_parse_untagged_ipv4(&pkt, data, data_end)) {
 	case LB_PARSE_OK:
 		break;
 	case LB_PARSE_NOT_IP:
@@ -219,7 +236,7 @@ int lb_xdp(struct xdp_md *ctx)
 	}
 	flow_key_v4(&flow, &pkt);
 	vip_key_v4(&vkey, &flow);
-	vip = bpf_map_lookup_elem(&vip_map, &vkey);
+	vip = bpf_map_lookup_elem(&vip4_map, &vkey);
 	if (!vip)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	cfg = bpf_map_lookup_elem(&config_map, &zero);

@@ -13,6 +13,14 @@
  * 130 ns per batched element, which makes the start-up fill of the largest
  * rings (64 x 1048573 slots) take seconds; memory stores take milliseconds.
  * An aligned 4-byte store is atomic, so the program never sees a torn slot.
+ *
+ * VIPs live in two maps. vip_map holds every VIP of either family under the
+ * contract's key (struct lb_vip_key, 20 bytes): it is the table a restarted
+ * daemon adopts. The program looks IPv4 VIPs up in vip4_map, keyed by the
+ * compact struct lb_vip_key_v4 (8 bytes; lb_tables.h says why): an IPv4 VIP
+ * is written into vip_map first and vip4_map second, and deleted in the
+ * opposite order, so vip4_map never names a VIP vip_map lacks for longer
+ * than a call.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -118,18 +126,42 @@ static int op_set_config(void *ctx, const struct lb_config *cfg)
 	return bpf_map_update_elem(t->config_fd, &k, cfg, BPF_ANY);
 }
 
+/* The compact key of an IPv4 VIP; 0 for an IPv6 one (no vip4_map entry). */
+static int vip4_key(const struct lb_vip_key *key, struct lb_vip_key_v4 *k4)
+{
+	if (key->family != LB_FAMILY_V4)
+		return 0;
+	memset(k4, 0, sizeof(*k4));
+	k4->addr = key->addr.v4;
+	k4->port = key->port;
+	k4->proto = key->proto;
+	return 1;
+}
+
 static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_vip_entry *vip)
 {
 	struct xdp_tables *t = ctx;
+	struct lb_vip_key_v4 k4;
+	int err;
 
-	return bpf_map_update_elem(t->vip_fd, key, vip, BPF_ANY);
+	err = bpf_map_update_elem(t->vip_fd, key, vip, BPF_ANY);
+	if (!err && vip4_key(key, &k4))
+		err = bpf_map_update_elem(t->vip4_fd, &k4, vip, BPF_ANY);
+	return err;
 }
 
 static int op_del_vip(void *ctx, const struct lb_vip_key *key)
 {
 	struct xdp_tables *t = ctx;
-	int err = bpf_map_delete_elem(t->vip_fd, key);
+	struct lb_vip_key_v4 k4;
+	int err;
 
+	if (vip4_key(key, &k4)) {
+		err = bpf_map_delete_elem(t->vip4_fd, &k4);
+		if (err && err != -ENOENT)
+			return err;
+	}
+	err = bpf_map_delete_elem(t->vip_fd, key);
 	return err == -ENOENT ? 0 : err;
 }
 
@@ -253,6 +285,7 @@ int xdp_tables_open(struct xdp_tables *t, struct lb_bpf *skel, __u32 ring_size)
 	if (t->ncpus <= 0)
 		return t->ncpus < 0 ? t->ncpus : -EINVAL;
 	t->vip_fd = bpf_map__fd(skel->maps.vip_map);
+	t->vip4_fd = bpf_map__fd(skel->maps.vip4_map);
 	t->backend_fd = bpf_map__fd(skel->maps.backend_map);
 	t->ring_fd = bpf_map__fd(skel->maps.ring_map);
 	t->config_fd = bpf_map__fd(skel->maps.config_map);
@@ -295,20 +328,36 @@ void xdp_tables_close(struct xdp_tables *t)
 	t->ring_mem = NULL;
 }
 
-int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg)
+/* Deletes every key of a hash map of at most LB_MAX_VIPS keys of ksize bytes. */
+static int clear_vips(int fd, size_t ksize)
 {
-	struct lb_vip_key key;
-	struct lb_backend b;
-	int err;
+	char key[sizeof(struct lb_vip_key)];
 
-	/* VIPs: delete whatever is there (fresh maps are empty; at most LB_MAX_VIPS). */
+	if (ksize > sizeof(key))
+		return -EINVAL;
 	for (int i = 0; i < LB_MAX_VIPS + 1; i++) {
-		if (bpf_map_get_next_key(t->vip_fd, NULL, &key))
+		int err;
+
+		if (bpf_map_get_next_key(fd, NULL, key))
 			break;
-		err = bpf_map_delete_elem(t->vip_fd, &key);
+		err = bpf_map_delete_elem(fd, key);
 		if (err)
 			return err;
 	}
+	return 0;
+}
+
+int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg)
+{
+	struct lb_backend b;
+	int err;
+
+	/* VIPs: delete whatever is there (fresh maps are empty). */
+	err = clear_vips(t->vip4_fd, sizeof(struct lb_vip_key_v4));
+	if (!err)
+		err = clear_vips(t->vip_fd, sizeof(struct lb_vip_key));
+	if (err)
+		return err;
 	/* Backends: an array reads as zeroes, which is state UP; make them UNUSED. */
 	memset(&b, 0, sizeof(b));
 	b.state = LB_BACKEND_UNUSED;
@@ -375,6 +424,54 @@ void xdp_tables_free_state(struct lb_proto_state *st)
 	}
 }
 
+/* Makes vip4_map hold exactly the IPv4 VIPs of st: each written (an entry
+ * already there is overwritten with the same value: no lookup misses it),
+ * then every key that names no such VIP deleted. */
+static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
+{
+	struct lb_vip_key_v4 k4, keys[LB_MAX_VIPS + 1];
+	struct lb_vip_entry e;
+	int err, n = 0;
+
+	for (int id = 0; id < LB_MAX_VIPS; id++) {
+		if (!st->vips[id].used || !vip4_key(&st->vips[id].key, &k4))
+			continue;
+		memset(&e, 0, sizeof(e));
+		e.vip_id = (__u32)id;
+		e.mode = st->vips[id].mode;
+		e.nat_port = st->vips[id].nat_port;
+		e.tunnel_family = st->vips[id].tunnel_family;
+		e.tunnel_src = st->vips[id].tunnel_src;
+		err = bpf_map_update_elem(t->vip4_fd, &k4, &e, BPF_ANY);
+		if (err)
+			return err;
+	}
+	/* Collect first, then delete: deleting while walking restarts the walk. */
+	for (n = 0; n <= LB_MAX_VIPS; n++) {
+		err = bpf_map_get_next_key(t->vip4_fd, n ? &keys[n - 1] : NULL, &keys[n]);
+		if (err == -ENOENT)
+			break;
+		if (err)
+			return err;
+	}
+	if (n > LB_MAX_VIPS)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		int id;
+
+		if (bpf_map_lookup_elem(t->vip4_fd, &keys[i], &e))
+			continue;
+		id = e.vip_id < LB_MAX_VIPS ? (int)e.vip_id : -1;
+		if (id >= 0 && st->vips[id].used && vip4_key(&st->vips[id].key, &k4) &&
+		    memcmp(&k4, &keys[i], sizeof(k4)) == 0)
+			continue;
+		err = bpf_map_delete_elem(t->vip4_fd, &keys[i]);
+		if (err && err != -ENOENT)
+			return err;
+	}
+	return 0;
+}
+
 int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 {
 	struct lb_vip_key key, next;
@@ -427,6 +524,10 @@ int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 		if (err)
 			goto fail;
 	}
+	/* A daemon that died between the two writes of a VIP left them apart. */
+	err = sync_vip4(t, st);
+	if (err)
+		goto fail;
 	return 0;
 fail:
 	xdp_tables_free_state(st);

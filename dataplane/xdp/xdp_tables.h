@@ -16,7 +16,7 @@ struct lb_bpf;
 #define XDP_TABLES_CHUNK 8192
 
 struct xdp_tables {
-	int vip_fd, backend_fd, ring_fd, config_fd, port_fd, devmap_fd;
+	int vip_fd, vip4_fd, backend_fd, ring_fd, config_fd, port_fd, devmap_fd;
 	int stats_fd, vip_stats_fd, backend_stats_fd;
 	__u32 ring_size;
 	__u32 devmap_value_size; /* 4 (ifindex) or 8 (struct bpf_devmap_val) */
@@ -43,7 +43,8 @@ int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg);
 int xdp_tables_set_ports(struct xdp_tables *t, const struct lb_proto_port *ports, __u32 n);
 
 /* Reads config, VIPs, backends and the rings of configured VIPs back into st
- * (rings allocated; free them with xdp_tables_free_state). */
+ * (rings allocated; free them with xdp_tables_free_state), and makes vip4_map
+ * (the fast path's IPv4 index) agree with vip_map, the VIPs as read. */
 int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st);
 void xdp_tables_free_state(struct lb_proto_state *st);
 

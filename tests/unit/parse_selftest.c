@@ -15,6 +15,10 @@
  *     (BPF_PROG_TEST_RUN, needs root), which must fill struct lb_parsed byte
  *     for byte as the native build did: the verifier accepted it, and the two
  *     compilations agree.
+ *   Every frame also goes through lb_parse_untagged_ipv4, the one-pass parse
+ *   lb.bpf.c uses, in both builds: its verdict must be lb_untagged_ipv4_only's
+ *   of lb_parse_frame's, and with LB_PARSE_OK its struct lb_parsed must be
+ *   lb_parse_frame's byte for byte, whatever the struct held before.
  *   clang -target bpf -D__BPF__: that XDP program.
  */
 #include "lb_parse.h"
@@ -25,6 +29,8 @@ struct parse_result {
 	__u32 verdict; /* lb_parse_frame's */
 	__u32 policy;  /* lb_untagged_ipv4_only's */
 	struct lb_parsed p;
+	__u32 fast;    /* lb_parse_untagged_ipv4's */
+	struct lb_parsed fp; /* its result, copied only with LB_PARSE_OK */
 };
 
 #ifdef __BPF__
@@ -45,6 +51,7 @@ int parse_xdp(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct lb_parsed pkt; /* on the stack, as lb.bpf.c has it */
+	struct lb_parsed fpkt;
 	struct parse_result *r;
 	enum lb_parse_verdict v;
 	__u32 zero = 0;
@@ -56,6 +63,9 @@ int parse_xdp(struct xdp_md *ctx)
 	r->verdict = v;
 	r->policy = lb_untagged_ipv4_only(&pkt, v);
 	__builtin_memcpy(&r->p, &pkt, sizeof(pkt));
+	r->fast = lb_parse_untagged_ipv4(&fpkt, data, data_end);
+	if (r->fast == LB_PARSE_OK)
+		__builtin_memcpy(&r->fp, &fpkt, sizeof(fpkt));
 	return XDP_PASS;
 }
 
@@ -149,6 +159,10 @@ static void bpf_cross_check(const __u8 *frame, size_t len, enum lb_parse_verdict
 	CHECK(r.policy == (__u32)lb_untagged_ipv4_only(p, v), "%s: BPF policy verdict differs",
 	      what);
 	CHECK(memcmp(&r.p, p, sizeof(*p)) == 0, "%s: BPF struct lb_parsed differs", what);
+	CHECK(r.fast == (__u32)lb_untagged_ipv4_only(p, v), "%s: BPF one-pass verdict %s, want %s",
+	      what, vname(r.fast), vname(lb_untagged_ipv4_only(p, v)));
+	if (r.fast == LB_PARSE_OK)
+		CHECK(memcmp(&r.fp, p, sizeof(*p)) == 0, "%s: BPF one-pass struct differs", what);
 	frames_cross_checked++;
 }
 #else
@@ -176,6 +190,20 @@ static enum lb_parse_verdict parse(const __u8 *frame, size_t len, struct lb_pars
 	memset(p, 0x5a, sizeof(*p)); /* the parse must clear it */
 	v = lb_parse_frame(p, copy, copy + len);
 	CHECK(memcmp(copy, frame, len) == 0, "%s: the parse wrote to the frame", what);
+	/* The one-pass parse of lb.bpf.c, over two different fillings: what it
+	 * promises with OK may depend on the frame only. */
+	for (int fill = 0; fill < 2; fill++) {
+		struct lb_parsed fp;
+		enum lb_parse_verdict fv;
+
+		memset(&fp, fill ? 0xa5 : 0x5a, sizeof(fp));
+		fv = lb_parse_untagged_ipv4(&fp, copy, copy + len);
+		CHECK(fv == lb_untagged_ipv4_only(p, v), "%s: one-pass verdict %s, want %s", what,
+		      vname(fv), vname(lb_untagged_ipv4_only(p, v)));
+		if (fv == LB_PARSE_OK)
+			CHECK(memcmp(&fp, p, sizeof(fp)) == 0, "%s: one-pass struct differs", what);
+	}
+	CHECK(memcmp(copy, frame, len) == 0, "%s: the one-pass parse wrote to the frame", what);
 	bpf_cross_check(copy, len, v, p, what);
 	free(copy);
 	frames_checked++;

@@ -64,6 +64,15 @@ SIZES = {
     "lb_flow_key": 40,
 }
 
+# The XDP plane's compact IPv4 map keys (lb_tables.h): not on the wire, so no
+# Python mirror; their layout is the table-protocol-1 one, and an IPv4 flow's
+# key is byte for byte the tuple lb_flow_hash hashes it over
+# (flowhash._FLOW_TUPLE_V4, "!4s4sHHB3x").
+COMPACT_KEYS = {
+    "lb_vip_key_v4": (8, {"addr": 0, "port": 4, "proto": 6, "pad": 7}),
+    "lb_flow_key_v4": (16, {"saddr": 0, "daddr": 4, "sport": 8, "dport": 10, "proto": 12,
+                            "pad": 13}),
+}
 
 
 def _probe_source() -> str:
@@ -72,6 +81,11 @@ def _probe_source() -> str:
     for struct, dtype in STRUCTS.items():
         lines.append(f'printf("\\"{struct}\\": [%zu", sizeof(struct {struct}));')
         for field in dtype.names or ():
+            lines.append(f'printf(", %zu", offsetof(struct {struct}, {field}));')
+        lines.append('printf("], ");')
+    for struct, (_, fields) in COMPACT_KEYS.items():
+        lines.append(f'printf("\\"{struct}\\": [%zu", sizeof(struct {struct}));')
+        for field in fields:
             lines.append(f'printf(", %zu", offsetof(struct {struct}, {field}));')
         lines.append('printf("], ");')
     for name in CONSTANTS:
@@ -111,6 +125,18 @@ def test_struct_layout(header_facts: dict, struct: str) -> None:
 @pytest.mark.parametrize("struct", sorted(SIZES))
 def test_protocol_2_sizes(header_facts: dict, struct: str) -> None:
     assert header_facts[struct][0] == SIZES[struct] == STRUCTS[struct].itemsize
+
+
+@pytest.mark.parametrize("struct", sorted(COMPACT_KEYS))
+def test_compact_ipv4_keys(header_facts: dict, struct: str) -> None:
+    size, fields = COMPACT_KEYS[struct]
+    assert header_facts[struct] == [size, *fields.values()]
+
+
+def test_flow_key_v4_is_the_hashed_tuple(header_facts: dict) -> None:
+    from hpclb.contract import flowhash
+
+    assert header_facts["lb_flow_key_v4"][0] == flowhash._FLOW_TUPLE_V4.size
 
 
 def test_addr_union(header_facts: dict) -> None:

@@ -183,3 +183,83 @@ def test_ipv6_tables_push_and_fetch(netns: str, tmp_path: Path) -> None:
         assert held.vips == first.vips and held.backends == first.backends
     finally:
         stop_daemon(dataplane)
+
+
+def _bpftool_show(pin: Path) -> dict:
+    import json
+
+    out = subprocess.run(["bpftool", "-j", "map", "show", "pinned", str(pin)], check=True,
+                         capture_output=True, text=True).stdout
+    return dict(json.loads(out))
+
+
+def _kill_hard(dataplane: DataplaneProcess) -> None:
+    """SIGKILL: the daemon leaves its pins behind, as after a crash."""
+    import signal
+    import time
+
+    assert dataplane.pid is not None
+    os.kill(dataplane.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{dataplane.pid}") and time.monotonic() < deadline:
+        try:
+            os.waitpid(dataplane.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    dataplane.stop()
+
+
+def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path: Path) -> None:
+    """The compact IPv4 maps (vip4_map, flow_map) survive a crash and are
+    adopted with the rest, IPv4 and IPv6 VIPs alike; pins of the previous
+    layout (a 40-byte flow key, no vip4_map) are replaced, not adopted."""
+    import shutil
+
+    if shutil.which("bpftool") is None:
+        pytest.skip("needs bpftool")
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    pins = Path(f"/sys/fs/bpf/hpclb/test-{netns}")
+    tables = base_tables()
+    tables.vips[9] = Vip(9, ipaddress.IPv6Address("fd00::10"), 80, 6)
+    tables.rings[9] = tables.rings[0].copy()
+    (tmp_path / "1").mkdir()
+    first = start_daemon(netns, "va", tmp_path / "1", "--egress", "wa", "--no-attach")
+    try:
+        push_tables(first.client, None, tables)
+    finally:
+        _kill_hard(first)
+    assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
+    assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
+    assert _bpftool_show(pins / "vip_map")["bytes_key"] == 20
+
+    (tmp_path / "2").mkdir()
+    second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach")
+    try:
+        held = fetch_tables(second.client)
+        assert held.vips == tables.vips
+        assert (held.rings[9] == tables.rings[9]).all()
+    finally:
+        _kill_hard(second)
+    log = (tmp_path / "2" / "hpclb-xdp.log").read_text()
+    assert "adopted the pinned tables" in log, log
+
+    # The previous layout: flow_map keyed by the 40-byte struct lb_flow_key,
+    # and no vip4_map.
+    (pins / "vip4_map").unlink()
+    (pins / "flow_map").unlink()
+    subprocess.run(["bpftool", "map", "create", str(pins / "flow_map"), "type", "lru_hash",
+                    "key", "40", "value", "16", "entries", "1024", "name", "flow_map"],
+                   check=True)
+    (tmp_path / "3").mkdir()
+    third = start_daemon(netns, "va", tmp_path / "3", "--egress", "wa", "--no-attach")
+    try:
+        held = fetch_tables(third.client)
+        assert not held.vips, "tables of the previous layout are not adopted"
+        assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
+        assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
+    finally:
+        log = stop_daemon(third)
+    assert "adopted the pinned tables" not in log, log
+    assert "removing stale pins" in log, log
