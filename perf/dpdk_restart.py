@@ -40,7 +40,8 @@ Per restart:
 ``--baseline REV`` runs the same restarts, in the same lab and alternating with
 the working tree, with the restart path of git revision REV: a copy of the
 control plane in use whose controller, supervisor, select, exception_path and
-dpdk modules are REV's, run through PYTHONPATH; the same forwarder binary for
+dpdk modules are REV's, run through PYTHONPATH (REV must have the floors layout,
+7ef8e66 or later: its controller is controller/core.py); the same forwarder binary for
 both, so that only the restart path differs (REV's controller must still fit
 the rest of the tree).
 
@@ -334,7 +335,7 @@ def summarise(restarts: list[dict[str, Any]]) -> dict[str, Any]:
 
 # The restart path: what --baseline takes from the older revision.
 RESTART_PATH_FILES = (
-    "hpclb/controller.py", "hpclb/dataplane/supervisor.py", "hpclb/dataplane/select.py",
+    "hpclb/controller/core.py", "hpclb/dataplane/supervisor.py", "hpclb/dataplane/select.py",
     "hpclb/dataplane/exception_path.py", "hpclb/dataplane/dpdk.py",
 )
 

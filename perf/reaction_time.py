@@ -21,7 +21,7 @@ ring (ring cache), ``push_tables`` patches the data plane's ring.
 
 Nothing in the product is changed: a subclass of Controller records times around
 its own methods (``_handle_events``, ``tables_for``, ``_ring``, ``_push``), wraps
-``live.telemetry`` (to see each event's monotonic stamp: the receiver's enqueue
+``decider.telemetry`` (to see each event's monotonic stamp: the receiver's enqueue
 time), ``monitors.drain`` and the data-plane client's ``call`` (each request's round
 trip), and reads ``push_tables``' report from the controller's "pushed tables"
 log line.
@@ -288,7 +288,7 @@ class BenchController(Controller):
         if controller_log.getEffectiveLevel() > logging.INFO:
             controller_log.setLevel(logging.INFO)
 
-        live_telemetry = self.live.telemetry
+        live_telemetry = self.decider.telemetry
 
         def telemetry(msg: Any, rtt_ms: float | None, mono: float, wall: float) -> Any:
             out = live_telemetry(msg, rtt_ms, mono, wall)
@@ -296,7 +296,7 @@ class BenchController(Controller):
                                   "drained": self._drained_at})
             return out
 
-        self.live.telemetry = telemetry  # type: ignore[method-assign]
+        self.decider.telemetry = telemetry  # type: ignore[method-assign]
 
         drain = self.monitors.drain
 

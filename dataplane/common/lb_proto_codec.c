@@ -455,10 +455,11 @@ int lb_codec_backends(struct lb_codec_req *r, __u32 nports, __u32 *ids, struct l
 		    get_uint(r, m, where, "state", LB_BACKEND_UP, LB_BACKEND_UNUSED, &state) ||
 		    get_uint(r, m, where, "port", 0, nports - 1, &port))
 			return -1;
-		/* What the configuration refuses (hpclb/config.py): a frame sent to a
-		 * group address would reach every host that listens to it. All zeros
-		 * stays allowed: the control plane writes it for a backend whose MAC is
-		 * unknown, with state down. */
+		/* What the configuration refuses (BackendConfig.mac in
+		 * control/hpclb/config/schema.py): a frame sent to a group
+		 * address would reach every host that listens to it. All zeros
+		 * stays allowed: the control plane writes it for a backend whose
+		 * MAC is unknown, with state down. */
 		if (mac[0] & 1)
 			return fail(r, "field 'backends[%u].mac' must be a unicast address, "
 				    "%02x:%02x:%02x:%02x:%02x:%02x has the multicast bit set",

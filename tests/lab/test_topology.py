@@ -299,5 +299,6 @@ def test_xdp_tx_with_gro_only_stalls(bpf_objs: tuple[Path, Path]) -> None:
         lab.attach_xdp("lb", "eth0", tx_obj)
         stalled = lab.run_client(VIP, connections=5, concurrency=1, udp=True, timeout=0.5)
     if stalled["ok"] == 5:
-        pytest.xfail("this kernel delivers XDP_TX with GRO alone; lab.py's note is stale")
+        pytest.xfail("this kernel delivers XDP_TX with GRO alone; "
+                     "hpclb.lab.topology's note is stale")
     assert stalled["ok"] < 5

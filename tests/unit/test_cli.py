@@ -160,3 +160,21 @@ def test_run_logs_the_empty_pool_warning_at_start_and_reload(
     assert "warn_empty_pools(config)" in commit and "warn_small_rings(config)" in commit
     for entry in (controller.Controller.start, controller.Controller.reload):
         assert "self._commit(prepared)" in inspect.getsource(entry)
+
+
+def test_the_installed_commands_name_modules_that_exist() -> None:
+    """What pyproject.toml installs as `hpclb` and `hpclb-agent` imports, and
+    `hpclb` offers the appliance's commands and the lab's."""
+    import importlib
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+    assert set(scripts) == {"hpclb", "hpclb-agent"}
+    for target in scripts.values():
+        module, attr = target.split(":")
+        assert callable(getattr(importlib.import_module(module), attr)), target
+    out = subprocess.run([sys.executable, "-m", "hpclb.main", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    for command in ("check", "run", "stats", "status", "demo", "bench"):
+        assert command in out, (command, out)

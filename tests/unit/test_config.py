@@ -12,8 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpclb.config import (
-    LB_MAX_BACKENDS,
-    LB_MAX_VIPS,
     MAX_CONFIG_BYTES,
     AdminState,
     ConfigError,
@@ -23,6 +21,7 @@ from hpclb.config import (
     parse_config,
 )
 from hpclb.config import loader as config_loader
+from hpclb.contract.tables import MAX_BACKENDS, MAX_VIPS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
 
@@ -201,7 +200,7 @@ def test_every_error_reported_one_per_line_in_order() -> None:
 def test_too_many_vips() -> None:
     extra = "".join(
         f"  - {{name: v{i}, address: 198.18.1.10, port: {1000 + i}, pool: web}}\n"
-        for i in range(LB_MAX_VIPS)
+        for i in range(MAX_VIPS)
     )
     message = error(BASE + extra)
     assert message.startswith("t.yaml:19:1: vips: List should have at most 64 items"), message
@@ -375,15 +374,15 @@ def many_backends(n: int, per_pool: int = 256) -> str:
 
 def test_a_configuration_at_the_backend_limit_loads(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
-    path.write_text(many_backends(LB_MAX_BACKENDS))
+    path.write_text(many_backends(MAX_BACKENDS))
     cfg = load_config(path)
     backends = [b for pool in cfg.pools.values() for b in pool.backends]
-    assert len(backends) == LB_MAX_BACKENDS == 4096
+    assert len(backends) == MAX_BACKENDS == 4096
     assert backends[-1].name == "cn4095" and backends[-1].mac == "02:00:00:00:0f:ff"
     assert len(cfg.vips) == 16
     # ... and one over it is refused, on the line of the pool that has one too many
-    message = error(many_backends(LB_MAX_BACKENDS + 1), "big.yaml")
-    assert message == f"big.yaml:8:1: pools: 4097 backends, at most {LB_MAX_BACKENDS}", message
+    message = error(many_backends(MAX_BACKENDS + 1), "big.yaml")
+    assert message == f"big.yaml:8:1: pools: 4097 backends, at most {MAX_BACKENDS}", message
 
 
 def test_an_oversized_file_is_refused_before_parsing(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ def test_no_module_walks_up_to_the_build() -> None:
             where = f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}"
             assert "dataplane/build" not in line and '"build"' not in line, where
             assert "REPO_ROOT" not in line, where
-            # The one exception: lab.py hands its subprocesses the package's
+            # The one exception: lab/topology.py hands its subprocesses the package's
             # import root (where `hpclb` imports from), not a build output.
             assert "parents[" not in line or "_PYTHONPATH" in line, where
 
@@ -172,7 +172,7 @@ def test_without_the_c_fill_start_warns_or_refuses(tmp_path: Path) -> None:
         print("RING", len(ring), sorted(set(ring.tolist())))
         check_maglev_fill(parse_config(sys.argv[1]))
         controller = Controller.__new__(Controller)
-        controller.config, controller.live = parse_config(sys.argv[2]), None
+        controller.config, controller.decider = parse_config(sys.argv[2]), None
         try:
             controller.start()
         except StartError as err:

@@ -59,7 +59,7 @@ def tracker_at(policy: WeightPolicy, **kw: float) -> WeightTracker:
 
 
 @pytest.mark.parametrize(("cpu", "mem", "rtt", "expected"), [
-    (0.5, 0.5, 50.0, 0.5),  # the brief's example: 0.4·0.5 + 0.3·0.5 + 0.3·0.5
+    (0.5, 0.5, 50.0, 0.5),  # the default formula: 0.4·0.5 + 0.3·0.5 + 0.3·0.5
     (0.0, 0.0, 0.0, 0.0),
     (1.0, 1.0, 100.0, 1.0),
     (1.0, 0.0, 0.0, 0.4),
@@ -466,7 +466,7 @@ def test_policy_validation(kwargs: dict) -> None:
         WeightPolicy(**kwargs)
 
 
-def test_policy_is_frozen_and_defaults_are_the_article() -> None:
+def test_policy_is_frozen_and_defaults_are_the_default_formula() -> None:
     p = WeightPolicy()
     assert p.coefficients == {"cpu": 0.4, "mem": 0.3, "net": 0.3, "gpu": 0.0}
     assert p.latency_scale_ms == 100

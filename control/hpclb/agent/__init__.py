@@ -51,7 +51,7 @@ def adaptive_interval(base: float, load: float, lo: float, hi: float) -> float:
 class IntervalPolicy:
     """The heartbeat interval's parameters, seconds."""
 
-    base: float = 5.0  # the article's heartbeat
+    base: float = 5.0  # the default heartbeat
     lo: float = 0.1  # the fastest the control plane's probes go
     hi: float = 60.0
 

@@ -9,7 +9,7 @@ The pipeline per node, in this order:
    :attr:`WeightTracker.rejected`; the node keeps its last good value.
 2. **Score** ``cpu·cpu_load + mem·mem_usage + net·min(rtt/latency_scale, 1)
    [+ gpu·(1 - best GPU free share)]`` with the pool's coefficients, normalised to
-   sum 1 (default 0.4 / 0.3 / 0.3, the article's formula).
+   sum 1 (default 0.4 / 0.3 / 0.3).
 3. **Smooth** the score with an EWMA (``alpha``).
 4. **Weight** = capacity left = ``1 - score``, clamped to ``[floor, ceiling]`` and
    quantised to the publication grid (multiples of ``1/grid``).

@@ -15,13 +15,6 @@ from hpclb.config.loader import (
 )
 from hpclb.config.schema import (
     DEFAULT_TELEMETRY_PORT,
-    LB_HASH_KEY_LEN,
-    LB_MAX_BACKENDS,
-    LB_MAX_FLOWS,
-    LB_MAX_PORTS,
-    LB_MAX_VIPS,
-    LB_RING_SIZE_DEFAULT,
-    LB_RING_SIZE_MAX,
     PCI_ADDRESS,
     AdminState,
     ApplianceConfig,
@@ -47,13 +40,6 @@ from hpclb.config.schema import (
 
 __all__ = [
     "DEFAULT_TELEMETRY_PORT",
-    "LB_HASH_KEY_LEN",
-    "LB_MAX_BACKENDS",
-    "LB_MAX_FLOWS",
-    "LB_MAX_PORTS",
-    "LB_MAX_VIPS",
-    "LB_RING_SIZE_DEFAULT",
-    "LB_RING_SIZE_MAX",
     "MAX_CONFIG_BYTES",
     "PCI_ADDRESS",
     "AdminState",

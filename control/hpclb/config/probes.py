@@ -1,9 +1,9 @@
-"""Per-pool probe configuration (pydantic), to be embedded by ``hpclb.config``.
+"""Per-pool probe configuration (pydantic), embedded in ``PoolConfig``
+(:mod:`hpclb.config.schema`).
 
-Defaults follow the source article and the usual balancers: a probe every 5 s
-(the usual load-balancer defaults), up after 2 successes and down after 3 failures in a row
-(HAProxy's and keepalived's rise/fall), and route-flap damping in the manner of
-BGP (RFC 2439) scaled from minutes to seconds.
+Defaults follow the usual balancers: a probe every 5 s, up after 2 successes
+and down after 3 failures in a row (HAProxy's and keepalived's rise/fall), and
+route-flap damping in the manner of BGP (RFC 2439) scaled from minutes to seconds.
 
 With the default damping (penalty 1000 per state change, half-life 60 s, suppress
 at 2500, reuse below 800, at most 300 s held): a single down/up bounce (penalty

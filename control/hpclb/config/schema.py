@@ -30,16 +30,6 @@ from hpclb.config.probes import ProbeConfig
 from hpclb.config.weights import WeightPolicy
 from hpclb.contract import tables
 
-# Limits of dataplane/common/lb_tables.h, through its Python mirror (checked
-# against the header by tests/unit/test_tables_layout.py).
-LB_MAX_VIPS = tables.MAX_VIPS
-LB_MAX_BACKENDS = tables.MAX_BACKENDS
-LB_MAX_PORTS = tables.MAX_PORTS  # egress ports, index 0 is the ingress port itself
-LB_MAX_FLOWS = tables.MAX_FLOWS
-LB_RING_SIZE_DEFAULT = tables.RING_SIZE_DEFAULT
-LB_RING_SIZE_MAX = tables.RING_SIZE_MAX
-LB_HASH_KEY_LEN = tables.HASH_KEY_LEN
-
 Loc = tuple[str | int, ...]
 
 
@@ -152,7 +142,7 @@ def _not_a_number(value: Any) -> Any:
 
 class XdpConfig(_Strict):
     mode: XdpMode = XdpMode.AUTO
-    flow_table_size: int = Field(LB_MAX_FLOWS, strict=True, ge=1, le=LB_MAX_FLOWS)
+    flow_table_size: int = Field(tables.MAX_FLOWS, strict=True, ge=1, le=tables.MAX_FLOWS)
 
 
 class DpdkDriver(StrEnum):
@@ -202,7 +192,7 @@ class DpdkConfig(_Strict):
 
 class InterfacesConfig(_Strict):
     ingress: IfName
-    egress: list[IfName] = Field(default_factory=list, max_length=LB_MAX_PORTS - 1)
+    egress: list[IfName] = Field(default_factory=list, max_length=tables.MAX_PORTS - 1)
 
     @model_validator(mode="after")
     def _distinct(self) -> InterfacesConfig:
@@ -223,7 +213,7 @@ class ApplianceConfig(_Strict):
     interfaces: InterfacesConfig
     netns: str | None = Field(None, min_length=1, max_length=255)
     hash_key: str
-    ring_size: int = Field(LB_RING_SIZE_DEFAULT, strict=True)
+    ring_size: int = Field(tables.RING_SIZE_DEFAULT, strict=True)
     # ipc only: the socket's file permissions (0600, root) are the guard; a tcp
     # endpoint would let anyone who reaches the port rewrite the tables.
     control_socket: str = Field("ipc:///run/hpclb/dataplane.sock", pattern=r"^ipc:///\S+$")
@@ -275,9 +265,9 @@ class ApplianceConfig(_Strict):
     @field_validator("hash_key")
     @classmethod
     def _hash_key_hex(cls, v: str) -> str:
-        if not re.fullmatch(rf"[0-9a-fA-F]{{{2 * LB_HASH_KEY_LEN}}}", v):
+        if not re.fullmatch(rf"[0-9a-fA-F]{{{2 * tables.HASH_KEY_LEN}}}", v):
             raise ValueError(
-                f"must be {2 * LB_HASH_KEY_LEN} hex digits ({LB_HASH_KEY_LEN} bytes), "
+                f"must be {2 * tables.HASH_KEY_LEN} hex digits ({tables.HASH_KEY_LEN} bytes), "
                 f"got {len(v)} characters"
             )
         return v.lower()
@@ -285,10 +275,11 @@ class ApplianceConfig(_Strict):
     @field_validator("ring_size")
     @classmethod
     def _ring_prime(cls, v: int) -> int:
-        if not 3 <= v <= LB_RING_SIZE_MAX:
-            raise ValueError(f"must be between 3 and {LB_RING_SIZE_MAX}, got {v}")
+        if not 3 <= v <= tables.RING_SIZE_MAX:
+            raise ValueError(f"must be between 3 and {tables.RING_SIZE_MAX}, got {v}")
         if not _is_prime(v):
-            raise ValueError(f"must be a prime, {v} is not (the default is {LB_RING_SIZE_DEFAULT})")
+            raise ValueError(f"must be a prime, {v} is not "
+                             f"(the default is {tables.RING_SIZE_DEFAULT})")
         return v
 
     @property
@@ -327,7 +318,7 @@ class PoolConfig(_Strict):
     # Health probe of every backend of the pool; none: only the admin state and
     # (with an agent) missed heartbeats take a backend out.
     probe: ProbeConfig | None = None
-    backends: list[BackendConfig] = Field(default_factory=list, max_length=LB_MAX_BACKENDS)
+    backends: list[BackendConfig] = Field(default_factory=list, max_length=tables.MAX_BACKENDS)
 
 
 class TelemetryConfig(_Strict):
@@ -381,7 +372,7 @@ class HpclbConfig(_Strict):
     appliance: ApplianceConfig
     telemetry: TelemetryConfig | None = None
     pools: dict[Name, PoolConfig] = Field(default_factory=dict)
-    vips: list[VipConfig] = Field(default_factory=list, max_length=LB_MAX_VIPS)
+    vips: list[VipConfig] = Field(default_factory=list, max_length=tables.MAX_VIPS)
 
     def empty_pool_warnings(self) -> list[str]:
         """One line per VIP whose pool has no backend. Valid (a pool may await
@@ -461,8 +452,8 @@ class HpclbConfig(_Strict):
                         )
                     )
         self._check_service_addresses(add)
-        if len(seen_backend) > LB_MAX_BACKENDS:
-            add((("pools",), f"{len(seen_backend)} backends, at most {LB_MAX_BACKENDS}"))
+        if len(seen_backend) > tables.MAX_BACKENDS:
+            add((("pools",), f"{len(seen_backend)} backends, at most {tables.MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}
         seen_key: dict[tuple[IPv4Address | IPv6Address, int, VipProtocol], int] = {}
         for i, vip in enumerate(self.vips):

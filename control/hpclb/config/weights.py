@@ -26,7 +26,7 @@ class WeightPolicy(BaseModel):
     mem: float = Field(0.3, ge=0, allow_inf_nan=False)
     net: float = Field(0.3, ge=0, allow_inf_nan=False)
     gpu: float = Field(0.0, ge=0, allow_inf_nan=False)
-    #: RTT that counts as fully loaded network (the article divides ping by 100 ms).
+    #: RTT that counts as fully loaded network (the default formula divides it by 100 ms).
     latency_scale_ms: float = Field(100.0, gt=0, allow_inf_nan=False)
     #: Weight bounds. floor > 0 keeps a busy but healthy node in the ring, so it is
     #: still sampled by traffic and its flows are not all re-hashed; floor 0 is allowed.
@@ -43,7 +43,7 @@ class WeightPolicy(BaseModel):
     #: Ramp length after a node comes back up; 0 = off.
     slow_start_s: float = Field(30.0, ge=0, allow_inf_nan=False)
     #: Samples older than this (or this far in the future) are rejected. 15 s is three
-    #: of the article's 5 s heartbeats.
+    #: of the default 5 s heartbeats.
     stale_after_s: float = Field(15.0, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")

@@ -2,9 +2,9 @@
 
 :func:`diff_tables` gives only the slots whose owner changed (a weight change
 must not rewrite 65537 slots on the data plane: the table protocol's patch-ring
-operation, ``struct lb_ring_patch``) and :func:`apply_patch` applies such a
-patch, so a data plane's ring and the controller's view of it can be kept equal
-without sending whole rings.
+operation, ``struct lb_ring_patch``). :func:`apply_patch` is what a data plane
+does with such a patch (``patch_ring``, with its refusals): the reference the
+tests hold ``diff_tables`` to.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class Prepared:
 
     config: HpclbConfig
     monitors: MonitorPlan
-    live: BackendDecider
+    decider: BackendDecider
     checkpoint: Checkpoint
     desired: TableSet
     decisions: dict[str, tuple[BackendDecision, ...]]
@@ -230,14 +230,14 @@ class Controller:
             # window is what the EAL takes, not a poll interval.
             on_exit=self.wake.set,
         )
-        self.unresolved: set[ipaddress.IPv4Address] = set()
+        self.unresolved_addrs: set[ipaddress.IPv4Address] = set()
         self.desired: TableSet | None = None
         self.push_pending = False
         self._last_retry = 0.0
         self._last_health = time.monotonic()
         self.reload_requested = threading.Event()
         self.stop_requested = threading.Event()
-        self.live = BackendDecider(self.config)
+        self.decider = BackendDecider(self.config)
         self.monitors = Monitors(self.wake, self.config.appliance.netns)
         self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
         # The decisions the last tables were built from ("did anything change?").
@@ -259,14 +259,14 @@ class Controller:
         only when ``resolve``: the retry tick, not every weight push)."""
         if configured:
             return configured
-        if addr not in self.macs and (resolve or addr not in self.unresolved):
+        if addr not in self.macs and (resolve or addr not in self.unresolved_addrs):
             try:
                 self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
             except NeighbourError as err:
                 log.warning("%s: taken out of the ring until it answers", err)
-                self.unresolved.add(addr)
+                self.unresolved_addrs.add(addr)
                 return None
-        self.unresolved.discard(addr)
+        self.unresolved_addrs.discard(addr)
         return self.macs[addr]
 
     def _ring(self, pool: str, decisions: tuple[BackendDecision, ...], ring_size: int,
@@ -282,15 +282,15 @@ class Controller:
 
     def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
         """The tables of the configuration in force, as the decider decides now."""
-        tables, self._pushed_decisions = self._build_tables(config, self.live,
+        tables, self._pushed_decisions = self._build_tables(config, self.decider,
                                                             self.checkpoint, resolve)
         self.checkpoint.save()
         return tables
 
-    def _build_tables(self, config: HpclbConfig, live: BackendDecider, checkpoint: Checkpoint,
+    def _build_tables(self, config: HpclbConfig, decider: BackendDecider, checkpoint: Checkpoint,
                       resolve: bool = True
                       ) -> tuple[TableSet, dict[str, tuple[BackendDecision, ...]]]:
-        """Tables for ``config`` from the decisions of ``live`` and the ids of
+        """Tables for ``config`` from the decisions of ``decider`` and the ids of
         ``checkpoint`` (updated in memory for new names; the caller saves it)."""
         app = config.appliance
         now = time.time()
@@ -302,8 +302,8 @@ class Controller:
         # MACs first: whether a backend can be addressed at all is one of the
         # inputs of its decision.
         macs = {b.name: self._mac(b.address, b.mac, resolve) for b in backends}
-        live.set_unresolved(name for name, mac in macs.items() if mac is None)
-        decisions = live.all_decisions(now)
+        decider.set_unresolved(name for name, mac in macs.items() if mac is None)
+        decisions = decider.all_decisions(now)
         decided = {d.name: d for ds in decisions.values() for d in ds}
 
         tables = TableSet(hash_key=app.hash_key_bytes, ring_size=app.ring_size)
@@ -357,7 +357,7 @@ class Controller:
             "management_address": new.management_address})
         return config.model_copy(update={"appliance": kept})
 
-    def _prepare(self, config: HpclbConfig, live: BackendDecider | None = None) -> Prepared:
+    def _prepare(self, config: HpclbConfig, decider: BackendDecider | None = None) -> Prepared:
         """Acquire and check everything ``config`` needs; change nothing in
         force. Raises (ConfigError, StartError, OSError...) after releasing
         what it acquired."""
@@ -369,11 +369,11 @@ class Controller:
         try:
             for face in self.faces:
                 faces.append(face.prepare(config, lambda: self.status))
-            if live is None:  # a reload: the decisions as they would be, on a copy
-                live = copy.deepcopy(self.live)
-                live.reconfigure(config)
+            if decider is None:  # a reload: the decisions as they would be, on a copy
+                decider = copy.deepcopy(self.decider)
+                decider.reconfigure(config)
             checkpoint = copy.deepcopy(self.checkpoint)
-            desired, decisions = self._build_tables(config, live, checkpoint)
+            desired, decisions = self._build_tables(config, decider, checkpoint)
             # Before anything is pushed: a restart must find every id in use.
             checkpoint.save()
         except BaseException:
@@ -381,13 +381,13 @@ class Controller:
             for change in faces:
                 change.abort()
             raise
-        return Prepared(config, plan, live, checkpoint, desired, decisions, faces)
+        return Prepared(config, plan, decider, checkpoint, desired, decisions, faces)
 
     def _commit(self, prepared: Prepared) -> None:
         """Put a prepared configuration in force and push its tables."""
         config = prepared.config
         self.config = config
-        self.live = prepared.live
+        self.decider = prepared.decider
         self.checkpoint = prepared.checkpoint
         warn_small_rings(config)
         warn_empty_pools(config)
@@ -401,7 +401,7 @@ class Controller:
         """Acquire everything, then adopt (or start) the data plane and push.
         StartError/ConfigError before anything was adopted or started."""
         try:
-            prepared = self._prepare(self.config, self.live)
+            prepared = self._prepare(self.config, self.decider)
         except (ConfigError, StartError):
             raise
         except Exception as err:
@@ -422,7 +422,7 @@ class Controller:
         self.current = None  # read back what it holds, adopted or fresh
         self._commit(prepared)
         self._started = True
-        self._last_turn = time.monotonic()  # a slow start is not a stalled loop
+        self._last_turn = time.monotonic()  # a long start-up is not a stalled loop
 
     def reload(self) -> bool:
         """Re-read the configuration file; put it in force whole, or refuse it
@@ -452,21 +452,21 @@ class Controller:
         for event in self.monitors.drain():
             if isinstance(event, ProbeVerdict):
                 t = event.transition
-                urgent |= self.live.probe(t.backend, t.up, t.reason, t.time) is not None
+                urgent |= self.decider.probe(t.backend, t.up, t.reason, t.time) is not None
             elif isinstance(event, TelemetryArrived):
                 msg, mono, wall = event.msg, event.mono, event.wall
-                _, change = self.live.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
+                _, change = self.decider.telemetry(msg, self.monitors.rtt_ms(msg.node), mono, wall)
                 urgent |= change is not None
                 self._weights_due = True
         now = time.monotonic()
-        urgent |= bool(self.live.expire(now, time.time(), self._heard_since(now)))
+        urgent |= bool(self.decider.expire(now, time.time(), self._heard_since(now)))
         # Ramps (rate limit, slow start) move weights between events too.
-        self._weights_due |= self.live.ramps()
+        self._weights_due |= self.decider.ramps()
         interval_over = time.monotonic() - self._last_push >= PUSH_INTERVAL_S
         if urgent or (self._weights_due and interval_over):
             self._weights_due = False
             # With the MACs as the last build found them: only a build resolves.
-            decisions = self.live.all_decisions(time.time())
+            decisions = self.decider.all_decisions(time.time())
             if urgent or decisions != self._pushed_decisions:
                 self._push(self.tables_for(self.config, resolve=False))
 
@@ -508,9 +508,9 @@ class Controller:
                                 "release_at": v.get("release_at")}
 
     def write_status(self) -> None:
-        """run_dir/NAME.status.json: health, live weights, telemetry and probe
+        """run_dir/NAME.status.json: health, decided weights, telemetry and probe
         counters, for operators (`hpclb status`) and the lab tests."""
-        report = self.live.report(time.time())
+        report = self.decider.report(time.time())
         self._health_report(report)
         status = {"time": time.time(), "dataplane": self.choice.kind.value,
                   "pushes_pending": self.push_pending,
@@ -546,7 +546,7 @@ class Controller:
             self._last_status = now
             self.write_status()
         if now - self._last_retry >= RETRY_INTERVAL_S:
-            if self.unresolved:
+            if self.unresolved_addrs:
                 self._last_retry = now
                 self._push(self.tables_for(self.config))
             elif self.push_pending and self.desired is not None:

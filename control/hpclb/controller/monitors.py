@@ -9,7 +9,7 @@ agents on the backends' network reach the appliance (in the lab, its address
 Events (hpclb.controller.events): ``ProbeVerdict`` and ``TelemetryArrived``, the latter
 stamped when the receiver took the message. The node id of a telemetry
 message has already been checked against the CURVE key that sent it
-(telemetry_receiver).
+(hpclb.telemetry.receiver).
 
 Configuration changes are transactions (:meth:`Monitors.prepare`, then
 :meth:`Monitors.commit` or :meth:`Monitors.abort`): everything a new

@@ -23,7 +23,7 @@ _PCI_ADDR = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def find_dpdk_forwarder() -> str:
-    """``hpclb-dpdk``: $HPCLB_DPDK_BIN, else the install manifest (install.py)."""
+    """``hpclb-dpdk``: $HPCLB_DPDK_BIN, else the install manifest (hpclb.host.install)."""
     return str(install.find("hpclb-dpdk"))
 
 

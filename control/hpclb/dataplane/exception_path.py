@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 RT_TABLE_MAIN = 254
 RTN_BLACKHOLE = 6
 EEXIST = 17
-ESRCH = 3
 EADDRNOTAVAIL = 99
 TAP_WAIT_S = 5.0
 VIP_RECORD_KIND = "vips"

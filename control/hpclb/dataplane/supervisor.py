@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 def find_xdp_daemon() -> str:
-    """``hpclb-xdp``: $HPCLB_XDP_BIN, else the install manifest (install.py)."""
+    """``hpclb-xdp``: $HPCLB_XDP_BIN, else the install manifest (hpclb.host.install)."""
     return str(install.find("hpclb-xdp"))
 
 

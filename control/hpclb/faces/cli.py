@@ -71,6 +71,7 @@ def _private_run_dir(path: Path) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from hpclb.controller import Controller, StartError
     from hpclb.faces.metrics import MetricsFace
+    from hpclb.host.install import MissingBuildOutput
 
     # Files and folders this process creates: group-readable at most.
     os.umask(0o027)
@@ -78,8 +79,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if soft < WANT_NOFILE:
         log.warning("open files limited to %d (hard limit %d): set LimitNOFILE=%d",
                     soft, hard, WANT_NOFILE)
-    controller = Controller(args.config, args.state_dir, args.run_dir, args.keep_dataplane,
-                            faces=[MetricsFace()])
+    try:
+        controller = Controller(args.config, args.state_dir, args.run_dir,
+                                args.keep_dataplane, faces=[MetricsFace()])
+    except MissingBuildOutput as err:  # the data plane's binary, before anything started
+        print(f"hpclb run: cannot start: {err}", file=sys.stderr)
+        return EXIT_START
     _private_run_dir(controller.paths.run_dir)
     def request(event: threading.Event) -> None:
         event.set()
@@ -132,7 +137,9 @@ AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], 
 
 
 def build_parser(extra_commands: Sequence[AddCommands] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpclb", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hpclb", description="hpclb, a load-balancing appliance for HPC clusters: run it, "
+        "check its configuration, read its status and counters.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -157,7 +164,7 @@ def build_parser(extra_commands: Sequence[AddCommands] = ()) -> argparse.Argumen
     p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
     p.set_defaults(func=_cmd_stats)
 
-    p = sub.add_parser("status", help="health, live weights, telemetry and probe counters of "
+    p = sub.add_parser("status", help="health, decided weights, telemetry and probe counters of "
                        "a running appliance (its status file, rewritten every second)")
     p.add_argument("-c", "--config", type=Path, required=True)
     p.add_argument("--run-dir", type=Path, help="as given to hpclb run (default /run/hpclb)")

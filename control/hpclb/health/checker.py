@@ -30,7 +30,7 @@ from .icmp import IcmpPinger, Mode
 from .result import LOCAL_CAUSES, TIMEOUT, ProbeError, ProbeResult
 from .rise_fall import HealthState, Transition
 from .scheduler import LoopStalls, ProbeFn, ProbeOutcome, ProbeScheduler, stall_during
-from .tcp import TcpConnector, family_of
+from .tcp import TcpConnector, socket_family
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,8 @@ class HealthChecker:
     backends share one TcpConnector, opened with the first of them.
 
     Sockets live in the network namespace of the thread that creates them: to
-    probe from the appliance's namespace, run the loop in a thread that first
-    calls ``netns.enter_netns(name)``.
+    probe from the appliance's namespace, run the loop in a
+    :class:`hpclb.host.loop_thread.LoopThread` given that namespace.
     """
 
     def __init__(self, on_transition: Callable[[Transition], object] | None = None, *,
@@ -263,7 +263,7 @@ class HealthChecker:
 
     def rtt_ms(self, name: str) -> float | None:
         """Last judged probe's RTT in ms: the ``NodeSample.rtt_ms`` input of
-        weights.py. None when it failed or none has completed yet; an unknown
+        hpclb.balancing.weights. None when it failed or none has completed yet; an unknown
         result leaves it as it was (it measured nothing about the backend)."""
         return self._backends[name].rtt_ms
 
@@ -368,7 +368,7 @@ class HealthChecker:
         assert port is not None  # ProbeConfig requires it for tcp, defaults it for http
         if config.kind == "tcp":
             connector = self._connector()
-            family = family_of(address)
+            family = socket_family(address)
             return lambda: connector.connect(address, port, timeout, family)
         return lambda: http_get(address, port, timeout, path=config.path, host=config.host,
                                 accepts=config.accepts)

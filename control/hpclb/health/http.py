@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from .deadlines import check_timeout
 from .result import TIMEOUT, ProbeResult, local_cause
-from .tcp import family_of
+from .tcp import socket_family
 
 #: Longest status line accepted ("HTTP/1.1 200 OK\r\n" plus a generous reason).
 MAX_STATUS_LINE = 1024
@@ -52,7 +52,7 @@ async def http_get(address: str, port: int, timeout: float, *, path: str = "/",
                    accepts: Callable[[int], bool] = default_statuses) -> ProbeResult:
     """GET ``path`` from ``address:port`` (an IP literal); ok when the status is
     accepted. RTT = connect to status line. Never raises for what the server does."""
-    family_of(address)  # names are refused here too, not resolved
+    socket_family(address)  # names are refused here too, not resolved
     check_timeout(timeout)
     request = build_request(path, host or host_header(address, port))
     start_ns = time.monotonic_ns()

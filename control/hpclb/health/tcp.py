@@ -56,7 +56,7 @@ def _result_of(err: int) -> ProbeResult:
     return ProbeResult.failure(_reason(err))
 
 
-def family_of(address: str) -> socket.AddressFamily:
+def socket_family(address: str) -> socket.AddressFamily:
     """AF_INET or AF_INET6 for an IP literal; ValueError for anything else (a probe
     never resolves names: DNS on the probe path would stall every probe)."""
     for family in (socket.AF_INET, socket.AF_INET6):
@@ -106,7 +106,7 @@ class TcpConnector:
             fut.set_result(ProbeResult.local_error("connector closed", "closed"))
             return fut
         try:
-            sock = socket.socket(family or family_of(address), socket.SOCK_STREAM)
+            sock = socket.socket(family or socket_family(address), socket.SOCK_STREAM)
         except OSError as exc:  # out of file descriptors, typically: ours, never theirs
             self.counters["socket_errors"] += 1
             self.counters["local"] += 1

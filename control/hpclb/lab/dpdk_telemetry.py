@@ -16,7 +16,7 @@ from typing import Any
 RUNTIME_DIR = Path("/var/run/dpdk")
 
 
-class TelemetryError(RuntimeError):
+class DpdkTelemetryError(RuntimeError):
     pass
 
 
@@ -36,8 +36,8 @@ def query(file_prefix: str, command: str, timeout_s: float = 2.0) -> Any:
             s.send(command.encode())
             reply = json.loads(s.recv(int(greeting.get("max_output_len", 16384))))
         except (OSError, ValueError) as exc:
-            raise TelemetryError(f"{path}: {command}: {exc}") from exc
+            raise DpdkTelemetryError(f"{path}: {command}: {exc}") from exc
     name = command.split(",", 1)[0]  # "/cmd,params" is answered under "/cmd"
     if not isinstance(reply, dict) or name not in reply:
-        raise TelemetryError(f"{path}: {command}: unexpected reply {reply!r:.200}")
+        raise DpdkTelemetryError(f"{path}: {command}: unexpected reply {reply!r:.200}")
     return reply[name]

@@ -170,10 +170,6 @@ class Lab:
         return self.ns("br")
 
     @property
-    def client_ns(self) -> str:
-        return self.ns("cli")
-
-    @property
     def lb_ns(self) -> str:
         return self.ns("lb")
 
@@ -598,10 +594,6 @@ class Lab:
             raise LabError(f"no lab cgroup {name!r} (create_cgroup first)")
         return list(self._cgroups[name])
 
-    def cgroup_pids(self, name: str) -> set[int]:
-        """The processes in cgroup ``name`` (in any of its hierarchies)."""
-        return {pid for d in self.cgroup_dirs(name) for pid in _cgroup_procs(d)}
-
     def in_cgroup(self, name: str, argv: Sequence[str]) -> list[str]:
         """``argv`` wrapped so that it runs inside cgroup ``name`` from its first
         instruction (a shell joins the cgroup, then execs it: same pid). Wrap the
@@ -691,7 +683,7 @@ class Lab:
         concurrency: int = 50, udp: bool = False, timeout: float = 2.0,
         deadline: float = 60.0, sport_first: int | None = None,
     ) -> dict[str, Any]:
-        """Run ``labnode client`` in the client namespace; returns its JSON report.
+        """Run ``hpclb.lab.node client`` in the client namespace; returns its JSON report.
 
         Keys: connections, ok, failures, counts (per backend name), errors,
         distinct_source_ports, elapsed_s.
@@ -706,7 +698,7 @@ class Lab:
 
     def udp_flows(self, vip: str, port: int, sports: str) -> dict[str, str]:
         """One datagram from each source port of ``sports`` ("FIRST-LAST") to
-        ``vip``: which backend answered each flow (``labnode udpflows``)."""
+        ``vip``: which backend answered each flow (``hpclb.lab.node udpflows``)."""
         res = self.exec("cli", [sys.executable, "-m", "hpclb.lab.node", "udpflows", "--vip", vip,
                                 "--port", str(port), "--sports", sports, "--json"])
         report = _parse_report(res.stdout, res.stderr)
@@ -718,7 +710,8 @@ class Lab:
         self, vip: str | None = None, port: int = DEFAULT_PORT, *, interval_ms: float = 100,
         duration: float = 5.0, timeout: float = 2.0,
     ) -> subprocess.Popen[str]:
-        """Start ``labnode stream`` in the client namespace; collect it with ``wait_json``."""
+        """Start ``hpclb.lab.node stream`` in the client namespace; collect it with
+        ``wait_json``."""
         argv = [sys.executable, "-m", "hpclb.lab.node", "stream", "--vip", vip or self.vips[0],
                 "--port", str(port), "--interval-ms", str(interval_ms), "--duration",
                 str(duration), "--timeout", str(timeout), "--json"]
@@ -857,7 +850,7 @@ def _wait_gone(pids: Iterable[int], timeout: float = 3.0) -> None:
 
 
 def _wait_ready(proc: subprocess.Popen[str], timeout: float, errfile: IO[str]) -> None:
-    """Block until a labnode server prints its ready line (or fail with its stderr)."""
+    """Block until a hpclb.lab.node server prints its ready line (or fail with its stderr)."""
     assert proc.stdout is not None
     done = threading.Event()
     line: list[str] = []
