@@ -13,17 +13,8 @@
 
 #include "fwd_flow.h"
 
-static int failures;
 
-#define CHECK(cond, ...)                                   \
-	do {                                               \
-		if (!(cond)) {                             \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-			printf(__VA_ARGS__);               \
-			printf("\n");                      \
-			failures++;                        \
-		}                                          \
-	} while (0)
+#include "selftest.h"
 
 static struct lb_flow_key key(__u32 i)
 {

@@ -61,6 +61,15 @@ static void fail(unsigned long line_no, const char *line)
 	exit(2);
 }
 
+/* A flow's answer line: its hash, its slot and the LB_RING_PROBES slots tried. */
+static void print_slots(const __u8 *key, const struct lb_flow_key *flow, __u64 hash, __u32 ring)
+{
+	printf("%016llx %" PRIu32, (unsigned long long)hash, lb_flow_slot(key, flow, ring));
+	for (__u32 i = 0; i < LB_RING_PROBES; i++)
+		printf(" %" PRIu32, lb_probe_slot(hash, ring, i));
+	printf("\n");
+}
+
 int main(void)
 {
 	char line[512];
@@ -92,10 +101,7 @@ int main(void)
 			hash = lb_flow_hash(key, &flow);
 			if (hash != lb_flow_hash_v4(key, &flow))
 				fail(line_no, line);
-			printf("%016llx %" PRIu32, hash, lb_flow_slot(key, &flow, (__u32)ring));
-			for (__u32 i = 0; i < LB_RING_PROBES; i++)
-				printf(" %" PRIu32, lb_probe_slot(hash, (__u32)ring, i));
-			printf("\n");
+			print_slots(key, &flow, hash, (__u32)ring);
 			break;
 		case 'S':
 			if (sscanf(line, "S %63s %63s %63s %lu %lu %lu %lu", keyhex, shex, dhex,
@@ -112,10 +118,7 @@ int main(void)
 			hash = lb_flow_hash(key, &flow);
 			if (hash != lb_flow_hash_v6(key, &flow))
 				fail(line_no, line);
-			printf("%016llx %" PRIu32, hash, lb_flow_slot(key, &flow, (__u32)ring));
-			for (__u32 i = 0; i < LB_RING_PROBES; i++)
-				printf(" %" PRIu32, lb_probe_slot(hash, (__u32)ring, i));
-			printf("\n");
+			print_slots(key, &flow, hash, (__u32)ring);
 			break;
 		case 'R': {
 			__u64 m[LB_FLOW_HASH_MAX_WORDS];

@@ -82,19 +82,10 @@ char LICENSE[] SEC("license") = "GPL";
 #include <bpf/libbpf.h>
 #endif
 
-static int failures;
 static int frames_checked;
 static int frames_cross_checked;
 
-#define CHECK(cond, ...)                                            \
-	do {                                                        \
-		if (!(cond)) {                                      \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-			printf(__VA_ARGS__);                        \
-			printf("\n");                               \
-			failures++;                                 \
-		}                                                   \
-	} while (0)
+#include "selftest.h"
 
 static const char *const VERDICT_NAMES[] = {
 	"ok", "not_ip", "malformed", "unsupported_l4", "fragment", "ext_too_long",

@@ -30,18 +30,9 @@ static struct {
 	int fail_count; /* ...and so do this many - 1 after it */
 } dp;
 
-static int failures;
 static int n_ok, n_rejected; /* so the fuzz shows it reached both outcomes */
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			failures++;                                       \
-		}                                                         \
-	} while (0)
+#include "selftest.h"
 
 static int should_fail(void)
 {

@@ -25,12 +25,11 @@ from hpclb.balancing.maglev import (
     RingMember,
     build_table,
     check_ring_size,
-    is_prime,
     quotas,
     slot_counts,
 )
 from hpclb.contract.ringdiff import apply_patch, diff_tables
-from hpclb.contract.tables import RING_SIZE_DEFAULT, RING_SIZE_MAX
+from hpclb.contract.tables import RING_SIZE_DEFAULT, RING_SIZE_MAX, is_prime
 
 SMALL_PRIMES = (2, 3, 251, 1009, 4099)
 SIZE = RING_SIZE_DEFAULT

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from hpclb.contract.tables import NO_BACKEND, RING_SIZE_DEFAULT, RING_SIZE_MAX
+from hpclb.contract.tables import NO_BACKEND, RING_SIZE_DEFAULT, RING_SIZE_MAX, is_prime
 from hpclb.host import install
 
 # The fill in C (dataplane/common/maglev_fill.c, built by make -C dataplane
@@ -122,7 +122,6 @@ __all__ = [
     "RingMemberTuple",
     "build_table",
     "check_ring_size",
-    "is_prime",
     "quotas",
     "slot_counts",
 ]
@@ -157,15 +156,6 @@ RingMemberTuple = tuple[int, str, float]
 #: What :func:`build_table` accepts for a member: a :class:`RingMember`,
 #: ``(id, name, weight)``, or ``(id, weight)`` (the name is then ``str(id)``).
 RingMemberSpec = Union[RingMember, RingMemberTuple, tuple[int, float]]  # noqa: UP007
-
-
-def is_prime(n: int) -> bool:
-    """Trial division; ring sizes are at most about a million, so this is instant."""
-    if n < 2:
-        return False
-    if n % 2 == 0:
-        return n == 2
-    return all(n % d for d in range(3, math.isqrt(n) + 1, 2))
 
 
 def check_ring_size(size: int) -> int:

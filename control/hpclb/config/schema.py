@@ -130,10 +130,6 @@ class _Problems(ValueError):
         super().__init__("; ".join(f"{loc_path(loc)}: {msg}" for loc, msg in problems))
 
 
-def _is_prime(n: int) -> bool:
-    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
-
-
 def _not_a_number(value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ValueError("must be a string; quote it so YAML does not read it as a number")
@@ -277,7 +273,7 @@ class ApplianceConfig(_Strict):
     def _ring_prime(cls, v: int) -> int:
         if not 3 <= v <= tables.RING_SIZE_MAX:
             raise ValueError(f"must be between 3 and {tables.RING_SIZE_MAX}, got {v}")
-        if not _is_prime(v):
+        if not tables.is_prime(v):
             raise ValueError(f"must be a prime, {v} is not "
                              f"(the default is {tables.RING_SIZE_DEFAULT})")
         return v

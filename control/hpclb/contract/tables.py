@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,3 +171,14 @@ class TableSet:
             if vip.key == (addr, port, proto):
                 return vip
         return None
+
+
+def is_prime(n: int) -> bool:
+    """Trial division; ring sizes are at most about a million, so this is instant.
+    The data planes and the configuration take prime ring sizes only (a
+    Maglev walk must visit every slot)."""
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    return all(n % d for d in range(3, math.isqrt(n) + 1, 2))

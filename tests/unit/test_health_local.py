@@ -4,7 +4,7 @@ Probes spoiled on the appliance's own side (out of file descriptors, a stalled
 event loop) end *unknown*: counted, alarmed, never a verdict. Flap damping that
 holds a backend out says so. The probe thread's snapshot never waits for its loop.
 
-Real sockets on loopback, as in test_probes.py; the checker's clocks are driven
+Real sockets on loopback, as in test_health.py; the checker's clocks are driven
 by hand where a test needs time to pass (the alarm's hold, damping decay).
 """
 
@@ -40,7 +40,7 @@ from hpclb.health import (
     Transition,
     stall_during,
 )
-from hpclb.health import thread as probe_thread
+from hpclb.health import thread as health_thread
 from hpclb.health.checker import judge
 from hpclb.health.thread import ProbeThread
 
@@ -388,7 +388,7 @@ def test_probe_thread_snapshot_is_fresh_after_changes_and_never_waits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # No periodic refresh during the test: what the snapshot shows came from the
     # refresh after a change.
-    monkeypatch.setattr(probe_thread, "SNAPSHOT_PERIOD_S", 3600.0)
+    monkeypatch.setattr(health_thread, "SNAPSHOT_PERIOD_S", 3600.0)
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(128)  # the kernel completes handshakes; nothing needs to accept
