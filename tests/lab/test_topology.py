@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclb.lab.topology import CLIENT_IP, LB_IP, Lab, LabError, backend_ip
+from hpclb.lab.topology import CLIENT_IP, EPHEMERAL_PORTS, LB_IP, Lab, LabError, backend_ip
 
 pytestmark = pytest.mark.root
 
@@ -72,6 +72,10 @@ def test_dsr_sysctls_and_offloads(lab: Lab) -> None:
         assert "tx-checksumming: off" in lab.exec(role, ["ethtool", "-k", "eth0"]).stdout
     gro = lab.exec("br", ["ethtool", "-k", lab.peer("lb")]).stdout
     assert "generic-receive-offload: on" in gro
+    # The client's own ephemeral ports stay clear of the fixed source ports the
+    # suites bind (a port in TIME_WAIT would make their bind fail).
+    low, high = sysctl(lab, "cli", "net.ipv4.ip_local_port_range").split()
+    assert (int(low), int(high)) == EPHEMERAL_PORTS and int(low) > 43999
 
 
 def test_client_pings_appliance_and_backends(lab: Lab) -> None:

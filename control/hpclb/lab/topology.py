@@ -92,6 +92,10 @@ _ROLE_RE = r"(br|cli|lb|b[0-9]+)"
 # of each lab's cgroups, unique per lab prefix (which has no '-').
 CGROUP_CONTROLLERS: tuple[str, ...] = ("cpu", "cpuacct", "memory")
 CGROUP_PERIOD_US = 100_000
+# Source ports: tests and benchmarks pick fixed ones below 50000 (UDP flows at
+# 20000-29999, TCP connections at 41000-43999, trafgen from 1024); the client
+# namespace's own ephemeral ports stay above.
+EPHEMERAL_PORTS = (50000, 60999)
 _CGROUP_NAME_RE = r"[a-z0-9][a-z0-9_]{0,30}"
 # Where the hpclb package is imported from, so the lab nodes' interpreters
 # (python -m hpclb.lab.node) find the same code as this one.
@@ -376,6 +380,11 @@ class Lab:
             # packets and captures stay readable.
             values |= {"net.ipv6.conf.all.disable_ipv6": "1",
                        "net.ipv6.conf.default.disable_ipv6": "1"}
+        if role == "cli":
+            # The lab's clients bind fixed source ports (below EPHEMERAL_PORTS) so that
+            # flows are reproducible; the kernel's own ephemeral ports (an earlier
+            # connection still in TIME_WAIT) must never take one of them (EADDRINUSE).
+            values["net.ipv4.ip_local_port_range"] = f"{EPHEMERAL_PORTS[0]} {EPHEMERAL_PORTS[1]}"
         if role.startswith("b") or role == "lb":
             # Replies from the VIP and packets to the VIP arrive on an interface that
             # does not hold it: reverse-path filtering must not judge them.
