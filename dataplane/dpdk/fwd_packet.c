@@ -110,14 +110,17 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 	hash_sig_t sig;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
-	switch (lb_untagged_ipv4_only(&pkt, lb_parse_frame(&pkt, frame, frame + len))) {
+	/* The same one-pass parse as lb.bpf.c: the data planes balance untagged
+	 * IPv4 alone, and one function says so for both. */
+	switch (lb_parse_untagged_ipv4(&pkt, frame, frame + len)) {
 	case LB_PARSE_OK:
 		break;
 	case LB_PARSE_NOT_IP:
 		/* Untagged ARP is ours to answer for VIP addresses (the kernel
-		 * holds none in DPDK mode); the rest, a tagged ARP included,
-		 * goes to the kernel. */
-		if (pkt.eth_proto == RTE_BE16(RTE_ETHER_TYPE_ARP) && !(pkt.flags & LB_PF_VLAN))
+		 * holds none in DPDK mode); the rest, a tagged ARP included (its
+		 * EtherType is the tag's), goes to the kernel. NOT_IP means the
+		 * Ethernet header is whole. */
+		if (((const struct rte_ether_hdr *)frame)->ether_type == RTE_BE16(RTE_ETHER_TYPE_ARP))
 			return arp(c, frame, len);
 		return stat(c, LB_STAT_PASS_NOT_IPV4, len, FWD_TO_KERNEL);
 	case LB_PARSE_UNSUPPORTED_L4:
