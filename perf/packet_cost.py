@@ -67,7 +67,7 @@ empty flow tables):
   the noisy host lets trafgen make, and the burst sizes, which move cycles
   per frame most, differ: a fixed rate the testbed sustains without loss
   gives both the same); then the worker's busy cycles / frames from its
-  telemetry socket (/hpclb/workers, bench's ``_dpdk_worker_cost``; the
+  telemetry socket (/hpclb/workers, bench's ``dpdk_worker_cost``; the
   forwarder is fresh, so its counters hold that load and the few frames
   seen before it, ``frames_before_traffic``). On this testbed (net_af_xdp in
   copy mode on a veth, about one frame per busy poll) a busy poll costs
@@ -117,19 +117,16 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Template
-
 from hpclb.lab import dpdk_telemetry
-from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
+from hpclb.lab.appliance import LAB_PORT, LabAppliance
 from hpclb.lab.bench import (
-    TRAFGEN_TEMPLATE,
-    _dpdk_worker_cost,
-    _settled_trial,
-    _udp_frame,
+    dpdk_worker_cost,
+    settled_trial,
+    udp_frame,
+    write_trafgen_config,
 )
 from hpclb.lab.bpf_testrun import PinnedXdpProgram
 from hpclb.lab.topology import Lab
@@ -452,8 +449,8 @@ def dpdk_trial(lab: Lab, appliance: LabAppliance, cfg: Path, seconds: float,
         return {k: int(w[k]) for k in ("frames", "busy_cycles", "total_cycles")}
 
     before = worker0()
-    load = _settled_trial(lab, cfg, seconds, rate)
-    cost = _dpdk_worker_cost(appliance)  # since the forwarder started
+    load = settled_trial(lab, cfg, seconds, rate)
+    cost = dpdk_worker_cost(appliance)  # since the forwarder started
     after = worker0()
     window = {k: after[k] - before[k] for k in after}
     return {**cost, "frames_before_traffic": before["frames"],
@@ -726,13 +723,9 @@ def run(args: argparse.Namespace) -> int:
                              if "xdp" in dataplanes else labs["baseline"])
         lab = labs["baseline"]
         lab.attach_xdp_pass(lab.peer("lb"), sink)  # everything forwarded ends there
-        cfg = workdir / "udp64.cfg"
-        cfg.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
-            dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
-            dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=args.flows,
-        ))
+        cfg = write_trafgen_config(lab, workdir / "udp64.cfg", args.flows)
         # The labs' MACs and addresses are the same (lab.topology): one set of frames.
-        hit = _udp_frame(lab, HIT_SPORT)
+        hit = udp_frame(lab, HIT_SPORT)
         frames = {"hit": hit, "non_vip": _non_vip_frame(lab),
                   "new": [_with_sport(hit, NEW_SPORT_FIRST + i) for i in range(args.new_flows)]}
         for n in range(args.trials):

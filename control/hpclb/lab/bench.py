@@ -45,6 +45,16 @@ from hpclb.lab.topology import Lab
 TRAFGEN_TEMPLATE = "templates/trafgen_udp64.cfg.j2"  # package data of hpclb
 
 
+def write_trafgen_config(lab: Lab, path: Path, flows: int) -> Path:
+    """trafgen's configuration at ``path``: 64-byte UDP frames from the client
+    to the VIP, source ports 1024.. over ``flows`` flows."""
+    path.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
+        dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
+        dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=flows,
+    ))
+    return path
+
+
 def _xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
     """Sum of a veth's per-queue XDP counters (ethtool -S)."""
     out = lab.exec(ns, ["ethtool", "-S", ifname]).stdout
@@ -83,7 +93,7 @@ def _trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None = None,
     }
 
 
-def _udp_frame(lab: Lab, sport: int) -> bytes:
+def udp_frame(lab: Lab, sport: int) -> bytes:
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
@@ -116,7 +126,7 @@ def _reflect_cost_ns(frame: bytes) -> float:
         Path(pin).unlink(missing_ok=True)
 
 
-def _settled_trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None) -> dict[str, float]:
+def settled_trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None) -> dict[str, float]:
     """A trial whose counters are read once frames in flight (AF_XDP rings,
     queues) have landed, so that what was offered and never arrived is loss."""
     return _trial(lab, cfg, seconds, rate_pps=rate_pps, settle_s=0.5)
@@ -125,14 +135,14 @@ def _settled_trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None) 
 def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
     """Highest rate with no frame lost: full speed first, then a binary search
     between 0 and the rate that lost frames (trafgen --rate)."""
-    full = _settled_trial(lab, cfg, seconds, None)
+    full = settled_trial(lab, cfg, seconds, None)
     tried = [full]
     if full["lost"] == 0:
         return {"ndr_pps": full["forwarded_pps"], "search": tried}
     lo, hi, best = 0.0, full["offered_pps"], 0.0
     for _ in range(steps):
         mid = (lo + hi) / 2
-        t = _settled_trial(lab, cfg, seconds, mid)
+        t = settled_trial(lab, cfg, seconds, mid)
         tried.append(t)
         if t["lost"] == 0:
             lo, best = mid, max(best, t["forwarded_pps"])
@@ -141,7 +151,7 @@ def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
     return {"ndr_pps": best, "search": tried}
 
 
-def _dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
+def dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
     """Cycles per frame and busy share of the forwarder's worker, from its
     telemetry socket (what dpdk-telemetry.py reads)."""
     stats = dpdk_telemetry.query(appliance.dpdk_file_prefix, "/hpclb/stats")
@@ -171,15 +181,11 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
         workdir = Path(tmp)
         reflect_obj = install.find("reflect.bpf.o")
         lab.attach_xdp_pass(lab.peer("lb"), install.find("sink.bpf.o"))
-        cfg = workdir / "udp64.cfg"
-        cfg.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
-            dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
-            dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=flows,
-        ))
-        frame = _udp_frame(lab, 40000)
+        cfg = write_trafgen_config(lab, workdir / "udp64.cfg", flows)
+        frame = udp_frame(lab, 40000)
         for n in range(trials):
             lab.attach_xdp("lb", "eth0", reflect_obj)
-            results["reflect"].append(_settled_trial(lab, cfg, seconds, None))
+            results["reflect"].append(settled_trial(lab, cfg, seconds, None))
             lab.detach_xdp("lb", "eth0")
             for kind in ("xdp", "dpdk"):
                 appliance_dir = workdir / f"{kind}{n}"
@@ -187,7 +193,7 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
                 # DPDK busy-polls here, as on an appliance: its worker owns a core.
                 with LabAppliance(lab, appliance_dir, weights, static_macs=True,
                                   dataplane=kind, dpdk_idle_sleep_us=0) as appliance:
-                    results[kind].append(_settled_trial(lab, cfg, seconds, None))
+                    results[kind].append(settled_trial(lab, cfg, seconds, None))
                     if n == 0:
                         ndr[kind] = _ndr(lab, cfg, seconds, ndr_steps)
                         if kind == "xdp":
@@ -195,7 +201,7 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
                                 f"/sys/fs/bpf/hpclb/{appliance.name}/lb_xdp", frame)
                             cost["reflect_ns_per_frame"] = _reflect_cost_ns(frame)
                         else:
-                            cost["dpdk_worker"] = _dpdk_worker_cost(appliance)
+                            cost["dpdk_worker"] = dpdk_worker_cost(appliance)
             print(f"trial {n + 1}/{trials}: " + ", ".join(
                 f"{k} {results[k][-1]['forwarded_pps']:,.0f} pps "
                 f"(lost {results[k][-1]['lost']:.0f})" for k in kinds), flush=True)
