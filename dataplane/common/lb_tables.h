@@ -71,7 +71,7 @@ struct lb_vip_key {
 
 enum lb_vip_mode {
 	LB_MODE_DSR = 0,    /* rewrite the destination MAC; the backend answers directly */
-	LB_MODE_NAT = 1,    /* reserved: DNAT in, reverse out */
+	LB_MODE_NAT = 1,    /* stateful NAT gateway: DNAT in, reverse out (lb_conn.h) */
 	LB_MODE_TUNNEL = 2, /* reserved: IPIP/GUE encapsulation */
 };
 
@@ -81,7 +81,14 @@ struct lb_vip_entry {
 	__u8 tunnel_family;       /* enum lb_family of tunnel_src, 0 when none is set */
 	__u16 nat_port;           /* NAT mode's backend port, network order (0 = the VIP's port) */
 	union lb_addr tunnel_src; /* tunnel mode's outer source address (0 when none) */
-}; /* 24 bytes */
+	__u8 nat_flags;           /* LB_VIP_F_*: NAT mode only, 0 otherwise */
+	__u8 pad[3];              /* always 0 */
+}; /* 28 bytes */
+
+/* A NAT VIP whose connections also get a source address from the SNAT pool
+ * (struct lb_nat_config), for backends whose default route is not the
+ * appliance: their replies come back to a pool address. */
+#define LB_VIP_F_SNAT 0x01
 
 /* ---- backends ---------------------------------------------------------- */
 
@@ -161,6 +168,96 @@ struct lb_flow_key_v4 {
 	__u8 pad[3]; /* always 0 */
 }; /* 16 bytes */
 
+/* ---- NAT mode: the connection table --------------------------------------
+ * Not on the wire (the protocol carries the NAT settings, struct
+ * lb_nat_config, and reports the table's figures); shared by both data planes
+ * and mirrored by the reference model (contract/model.py). The rules that use
+ * these structs are in lb_conn.h.
+ *
+ * A connection has two entries, one per direction, each keyed by the 5-tuple
+ * (struct lb_flow_key_v4) its packets carry on the wire:
+ *   original  client -> VIP            (client, VIP, cport, vport)
+ *   reply     backend -> client        (backend, client, bport, cport), or with
+ *             SNAT backend -> pool     (backend, snat, bport, sport)
+ * Each entry names the other direction's key (peer): a packet matching key K
+ * whose entry names peer P leaves as P reversed (source P.daddr:P.dport,
+ * destination P.saddr:P.sport), which is the whole translation. */
+
+enum lb_conn_dir {
+	LB_CONN_ORIG = 0,  /* the entry of the client's direction */
+	LB_CONN_REPLY = 1, /* the entry of the backend's direction */
+};
+
+/* Connection states: a subset of the kernel conntrack's (nf_conntrack_proto_tcp),
+ * enough for the timeouts. Embryonic: SYN_SENT, SYN_RECV, UDP_UNREPLIED. */
+enum lb_conn_state {
+	LB_CONN_SYN_SENT = 0,     /* client SYN seen */
+	LB_CONN_SYN_RECV,         /* backend SYN+ACK seen */
+	LB_CONN_ESTABLISHED,      /* client ACK after the SYN+ACK, or picked up mid-stream */
+	LB_CONN_FIN_WAIT,         /* one side sent FIN */
+	LB_CONN_TIME_WAIT,        /* both sides sent FIN */
+	LB_CONN_CLOSE,            /* RST seen */
+	LB_CONN_UDP_UNREPLIED,    /* UDP, no reply yet */
+	LB_CONN_UDP_REPLIED,      /* UDP, the backend answered */
+	LB_CONN_STATES
+};
+
+#define LB_CONN_STATE_NAMES                                                 \
+	{ "syn_sent", "syn_recv", "established", "fin_wait", "time_wait",    \
+	  "close", "udp_unreplied", "udp_replied" }
+
+/* Default idle timeouts in seconds, the kernel conntrack's (nf_conntrack_tcp_timeout_*,
+ * nf_conntrack_udp_timeout{,_stream}), in enum lb_conn_state order. */
+#define LB_CONN_TIMEOUTS_DEFAULT { 120, 60, 432000, 120, 120, 10, 30, 120 }
+
+#define LB_CONN_TABLE_DEFAULT 524288 /* entries (two per connection) */
+#define LB_CONN_TABLE_MIN 4          /* two connections */
+#define LB_CONN_TABLE_MAX 33554432
+#define LB_CONN_EVICT_TRIES 4  /* oldest embryonic candidates looked at when full */
+#define LB_MAX_SNAT_ADDRS 16
+#define LB_SNAT_PROBES 8       /* SNAT ports tried per new connection */
+
+struct lb_conn {
+	struct lb_flow_key_v4 peer; /* the other direction's key */
+	__u64 last_seen_ns;         /* last packet of either direction (original entry) */
+	__u32 backend_id;
+	__u8 vip_id;
+	__u8 dir;                   /* enum lb_conn_dir of this entry's key */
+	__u8 state;                 /* enum lb_conn_state: kept in the original entry */
+	__u8 fin_dirs;              /* bit (1 << dir) for each side that sent FIN */
+	__u8 client_mac[6];         /* source MAC of the client's first frame: replies go there */
+	__u8 client_port;           /* port index the client's frames arrive on: replies leave there */
+	__u8 flags;                 /* LB_CONN_F_* */
+}; /* 40 bytes */
+
+#define LB_CONN_F_SNAT 0x01 /* the reply key's destination is a pool address */
+
+/* What a NAT VIP's backend being down does to its connections. */
+enum lb_nat_down {
+	LB_NAT_DOWN_RESCHEDULE = 0, /* next packet opens a new connection on an up backend */
+	LB_NAT_DOWN_DROP = 1,       /* packets dropped until the backend returns or the entry expires */
+};
+
+/* The NAT settings (protocol op set_nat), one per data plane. */
+struct lb_nat_config {
+	__u32 snat_addrs[LB_MAX_SNAT_ADDRS]; /* IPv4, network order */
+	__u32 snat_naddrs;
+	__u16 snat_port_min;  /* host order, inclusive */
+	__u16 snat_port_max;
+	__u8 on_backend_down; /* enum lb_nat_down */
+	__u8 pad[3];
+	__u32 timeouts_s[LB_CONN_STATES]; /* idle timeouts by state (the sweepers') */
+}; /* 108 bytes */
+
+/* The connection table's figures (protocol op stats, "conns"). */
+struct lb_conn_stats {
+	__u64 capacity;                  /* entries */
+	__u64 entries;                   /* in use (two per connection) */
+	__u64 by_state[LB_CONN_STATES];  /* connections */
+	__u64 snat_ports_in_use;         /* connections holding a SNAT port */
+	__u64 expired;                   /* connections removed by the idle timeouts */
+};
+
 /* ---- egress ports ------------------------------------------------------ */
 
 struct lb_port {
@@ -195,6 +292,18 @@ enum lb_stat {
 	LB_STAT_FLOW_REPIN,        /* pinned flow whose backend was down: re-hashed */
 	LB_STAT_ARP_REPLY,         /* ARP request for a VIP answered (DPDK; XDP leaves ARP to the kernel) */
 	LB_STAT_FLOW_EVICT,        /* live flow evicted from a full affinity table (DPDK; XDP's LRU evicts silently) */
+	/* NAT mode (lb_conn.h). A NAT packet is counted once under fwd_* (or a
+	 * drop_*) like any other, and also under one of these. */
+	LB_STAT_CONN_NEW,          /* connection created (original direction, to a NAT VIP) */
+	LB_STAT_CONN_HIT,          /* original-direction packet of a known connection */
+	LB_STAT_CONN_REPLY,        /* reply of a known connection, translated back */
+	LB_STAT_CONN_EVICT,        /* embryonic connection evicted to make room (oldest first) */
+	LB_STAT_CONN_RESCHEDULE,   /* connection of a down backend moved to a new one */
+	LB_STAT_NAT_ICMP,          /* ICMP error quoting a connection's packet, translated */
+	LB_STAT_DROP_CONN_FULL,    /* new connection refused: table full, nothing embryonic to evict */
+	LB_STAT_DROP_SNAT_EXHAUSTED, /* new connection refused: no free SNAT port among the probes */
+	LB_STAT_DROP_BACKEND_DOWN, /* packet of a connection whose backend is down (on_backend_down drop) */
+	LB_STAT_DROP_CONN_INVALID, /* TCP RST matching no connection: opens none */
 	LB_STAT_MAX
 };
 
@@ -202,7 +311,9 @@ enum lb_stat {
 	{ "rx", "fwd_tx", "fwd_redirect", "pass_not_ipv4", "pass_not_vip",   \
 	  "pass_fragment", "drop_malformed", "drop_no_backend",              \
 	  "drop_tx_error", "flow_hit", "flow_new", "flow_repin",         \
-	  "arp_reply", "flow_evict" }
+	  "arp_reply", "flow_evict", "conn_new", "conn_hit", "conn_reply",   \
+	  "conn_evict", "conn_reschedule", "nat_icmp", "drop_conn_full",     \
+	  "drop_snat_exhausted", "drop_backend_down", "drop_conn_invalid" }
 
 /* ---- global configuration (one entry) ---------------------------------- */
 
@@ -215,11 +326,14 @@ struct lb_config {
 /* The layouts the protocol, the maps and the Python mirror agree on. */
 _Static_assert(sizeof(union lb_addr) == 16, "union lb_addr is 16 bytes");
 _Static_assert(sizeof(struct lb_vip_key) == 20, "struct lb_vip_key is 20 bytes");
-_Static_assert(sizeof(struct lb_vip_entry) == 24, "struct lb_vip_entry is 24 bytes");
+_Static_assert(sizeof(struct lb_vip_entry) == 28, "struct lb_vip_entry is 28 bytes");
 _Static_assert(sizeof(struct lb_backend) == 28, "struct lb_backend is 28 bytes");
 _Static_assert(sizeof(struct lb_flow_key) == 40, "struct lb_flow_key is 40 bytes");
 /* The XDP plane's compact IPv4 keys (not on the wire). */
 _Static_assert(sizeof(struct lb_vip_key_v4) == 8, "struct lb_vip_key_v4 is 8 bytes");
 _Static_assert(sizeof(struct lb_flow_key_v4) == 16, "struct lb_flow_key_v4 is 16 bytes");
+/* The connection table (not on the wire; mirrored by the model). */
+_Static_assert(sizeof(struct lb_conn) == 40, "struct lb_conn is 40 bytes");
+_Static_assert(sizeof(struct lb_nat_config) == 108, "struct lb_nat_config is 108 bytes");
 
 #endif /* HPCLB_LB_TABLES_H */

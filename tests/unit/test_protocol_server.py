@@ -62,7 +62,9 @@ NO_BACKEND = 0xFFFFFFFF
 STAT_NAMES = [
     "rx", "fwd_tx", "fwd_redirect", "pass_not_ipv4", "pass_not_vip", "pass_fragment",
     "drop_malformed", "drop_no_backend", "drop_tx_error", "flow_hit", "flow_new",
-    "flow_repin", "arp_reply", "flow_evict",
+    "flow_repin", "arp_reply", "flow_evict", "conn_new", "conn_hit", "conn_reply",
+    "conn_evict", "conn_reschedule", "nat_icmp", "drop_conn_full", "drop_snat_exhausted",
+    "drop_backend_down", "drop_conn_invalid",
 ]
 
 PROTOCOL_VERSION = 2  # LB_PROTOCOL_VERSION

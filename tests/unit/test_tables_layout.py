@@ -29,6 +29,10 @@ STRUCTS = {
     "lb_port": tables.PORT_DTYPE,
     "lb_counter": tables.COUNTER_DTYPE,
     "lb_config": tables.CONFIG_DTYPE,
+    # NAT mode's connection table: not on the wire, mirrored for the model.
+    "lb_flow_key_v4": tables.FLOW_KEY_V4_DTYPE,
+    "lb_conn": tables.CONN_DTYPE,
+    "lb_nat_config": tables.NAT_CONFIG_DTYPE,
 }
 
 CONSTANTS = {
@@ -53,25 +57,35 @@ CONSTANTS = {
     "LB_FAMILY_V4": int(tables.Family.V4),
     "LB_FAMILY_V6": int(tables.Family.V6),
     "sizeof(union lb_addr)": 16,
+    "LB_CONN_STATES": len(tables.CONN_STATE_NAMES),
+    "LB_CONN_TABLE_DEFAULT": tables.CONN_TABLE_DEFAULT,
+    "LB_CONN_TABLE_MIN": tables.CONN_TABLE_MIN,
+    "LB_CONN_TABLE_MAX": tables.CONN_TABLE_MAX,
+    "LB_CONN_EVICT_TRIES": tables.CONN_EVICT_TRIES,
+    "LB_MAX_SNAT_ADDRS": tables.MAX_SNAT_ADDRS,
+    "LB_SNAT_PROBES": tables.SNAT_PROBES,
+    "LB_VIP_F_SNAT": tables.VIP_F_SNAT,
+    "LB_CONN_F_SNAT": tables.CONN_F_SNAT,
+    "LB_NAT_DOWN_RESCHEDULE": int(tables.NatDown.RESCHEDULE),
+    "LB_NAT_DOWN_DROP": int(tables.NatDown.DROP),
+    **{f"LB_CONN_{s.name}": int(s) for s in tables.ConnState},
 }
 
 # Sizes the wire and the maps were designed with (table protocol 2): a change
 # here is a protocol change, not a refactoring.
 SIZES = {
     "lb_vip_key": 20,
-    "lb_vip_entry": 24,
+    "lb_vip_entry": 28,  # 24 until NAT mode's nat_flags
     "lb_backend": 28,
     "lb_flow_key": 40,
 }
 
-# The XDP plane's compact IPv4 map keys (lb_tables.h): not on the wire, so no
-# Python mirror; their layout is the table-protocol-1 one, and an IPv4 flow's
-# key is byte for byte the tuple lb_flow_hash hashes it over
-# (flowhash._FLOW_TUPLE_V4, "!4s4sHHB3x").
+# The XDP plane's compact IPv4 VIP key (lb_tables.h): not on the wire, so no
+# Python mirror; its layout is the table-protocol-1 one. (lb_flow_key_v4,
+# byte for byte the tuple lb_flow_hash hashes an IPv4 flow over, is mirrored
+# above: the connection table's entries name one another by it.)
 COMPACT_KEYS = {
     "lb_vip_key_v4": (8, {"addr": 0, "port": 4, "proto": 6, "pad": 7}),
-    "lb_flow_key_v4": (16, {"saddr": 0, "daddr": 4, "sport": 8, "dport": 10, "proto": 12,
-                            "pad": 13}),
 }
 
 
@@ -94,6 +108,15 @@ def _probe_source() -> str:
     lines.append('printf("\\"lb_addr\\": [%zu, %zu, %zu, %zu], ", sizeof(union lb_addr), '
                  'offsetof(union lb_addr, v4), offsetof(union lb_addr, v6w), '
                  'offsetof(union lb_addr, v6));')
+    lines += ['static const char *states[] = LB_CONN_STATE_NAMES;',
+              'static const unsigned timeouts[] = LB_CONN_TIMEOUTS_DEFAULT;',
+              'printf("\\"states\\": [");',
+              'for (unsigned i = 0; i < LB_CONN_STATES; i++)',
+              '  printf("%s\\"%s\\"", i ? ", " : "", states[i]);',
+              'printf("], \\"timeouts\\": [");',
+              'for (unsigned i = 0; i < LB_CONN_STATES; i++)',
+              '  printf("%s%u", i ? ", " : "", timeouts[i]);',
+              'printf("], ");']
     lines += ['printf("\\"names\\": [");',
               'for (unsigned i = 0; i < LB_STAT_MAX; i++)',
               '  printf("%s\\"%s\\"", i ? ", " : "", names[i]);',
@@ -154,3 +177,9 @@ def test_constants(header_facts: dict) -> None:
 
 def test_stat_names(header_facts: dict) -> None:
     assert tuple(header_facts["names"]) == tables.STAT_NAMES
+
+
+def test_conn_state_names_and_timeouts(header_facts: dict) -> None:
+    assert tuple(header_facts["states"]) == tables.CONN_STATE_NAMES
+    assert [s.name.lower() for s in tables.ConnState] == list(tables.CONN_STATE_NAMES)
+    assert tuple(header_facts["timeouts"]) == tables.CONN_TIMEOUTS_DEFAULT

@@ -43,7 +43,36 @@ STAT_NAMES = (
     "flow_repin",
     "arp_reply",
     "flow_evict",
+    "conn_new",
+    "conn_hit",
+    "conn_reply",
+    "conn_evict",
+    "conn_reschedule",
+    "nat_icmp",
+    "drop_conn_full",
+    "drop_snat_exhausted",
+    "drop_backend_down",
+    "drop_conn_invalid",
 )
+
+# NAT mode's connection table (lb_tables.h, "NAT mode: the connection table").
+CONN_STATE_NAMES = (
+    "syn_sent",
+    "syn_recv",
+    "established",
+    "fin_wait",
+    "time_wait",
+    "close",
+    "udp_unreplied",
+    "udp_replied",
+)
+CONN_TIMEOUTS_DEFAULT = (120, 60, 432000, 120, 120, 10, 30, 120)  # seconds, by state
+CONN_TABLE_DEFAULT = 524288  # entries, two per connection
+CONN_TABLE_MIN = 4
+CONN_TABLE_MAX = 33554432
+CONN_EVICT_TRIES = 4
+MAX_SNAT_ADDRS = 16
+SNAT_PROBES = 8
 
 IPPROTO_TCP = 6
 IPPROTO_UDP = 17
@@ -86,6 +115,30 @@ class VipMode(enum.IntEnum):
     TUNNEL = 2
 
 
+class ConnState(enum.IntEnum):
+    """enum lb_conn_state."""
+
+    SYN_SENT = 0
+    SYN_RECV = 1
+    ESTABLISHED = 2
+    FIN_WAIT = 3
+    TIME_WAIT = 4
+    CLOSE = 5
+    UDP_UNREPLIED = 6
+    UDP_REPLIED = 7
+
+
+class NatDown(enum.IntEnum):
+    """enum lb_nat_down: what a NAT VIP's down backend does to its connections."""
+
+    RESCHEDULE = 0  # the next packet opens a new connection on an up backend
+    DROP = 1  # packets dropped until the backend returns or the entry expires
+
+
+VIP_F_SNAT = 0x01
+CONN_F_SNAT = 0x01
+
+
 # numpy views of the C structs (little-endian host, network-order fields kept as bytes).
 # union lb_addr is "16u1": an IPv4 address in its first 4 bytes, the rest 0.
 VIP_KEY_DTYPE = np.dtype(
@@ -93,7 +146,7 @@ VIP_KEY_DTYPE = np.dtype(
 )
 VIP_ENTRY_DTYPE = np.dtype(
     [("vip_id", "<u4"), ("mode", "u1"), ("tunnel_family", "u1"), ("nat_port", ">u2"),
-     ("tunnel_src", "16u1")]
+     ("tunnel_src", "16u1"), ("nat_flags", "u1"), ("pad", "3u1")]
 )
 BACKEND_DTYPE = np.dtype(
     [("addr", "16u1"), ("family", "u1"), ("mac", "6u1"), ("state", "u1"), ("port", "u1"),
@@ -108,6 +161,20 @@ FLOW_ENTRY_DTYPE = np.dtype([("backend", "<u4"), ("vip_id", "<u4"), ("pinned_ns"
 PORT_DTYPE = np.dtype([("ifindex", "<u4"), ("mac", "6u1"), ("pad", "<u2")])
 COUNTER_DTYPE = np.dtype([("packets", "<u8"), ("bytes", "<u8")])
 CONFIG_DTYPE = np.dtype([("hash_key", "16u1"), ("ring_size", "<u4"), ("flags", "<u4")])
+FLOW_KEY_V4_DTYPE = np.dtype(
+    [("saddr", "4u1"), ("daddr", "4u1"), ("sport", ">u2"), ("dport", ">u2"), ("proto", "u1"),
+     ("pad", "3u1")]
+)
+CONN_DTYPE = np.dtype(
+    [("peer", FLOW_KEY_V4_DTYPE), ("last_seen_ns", "<u8"), ("backend_id", "<u4"),
+     ("vip_id", "u1"), ("dir", "u1"), ("state", "u1"), ("fin_dirs", "u1"),
+     ("client_mac", "6u1"), ("client_port", "u1"), ("flags", "u1")]
+)
+NAT_CONFIG_DTYPE = np.dtype(
+    [("snat_addrs", "16>u4"), ("snat_naddrs", "<u4"), ("snat_port_min", "<u2"),
+     ("snat_port_max", "<u2"), ("on_backend_down", "u1"), ("pad", "3u1"),
+     ("timeouts_s", "8<u4")]
+)
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -133,6 +200,9 @@ class Vip:
     nat_port: int = 0
     #: Tunnel mode's outer source address; carried since protocol 2.
     tunnel_src: IPAddress | None = None
+    #: NAT mode: connections also take a source address and port from the
+    #: SNAT pool (NatConfig.snat_addrs).
+    snat: bool = False
 
     @property
     def family(self) -> Family:
@@ -156,6 +226,17 @@ class Backend:
         return family_of(self.addr)
 
 
+@dataclass(frozen=True)
+class NatConfig:
+    """struct lb_nat_config: the NAT mode's settings, one per data plane."""
+
+    snat_addrs: tuple[ipaddress.IPv4Address, ...] = ()
+    snat_port_min: int = 1024
+    snat_port_max: int = 65535
+    on_backend_down: NatDown = NatDown.RESCHEDULE
+    timeouts_s: tuple[int, ...] = CONN_TIMEOUTS_DEFAULT  # by ConnState
+
+
 @dataclass
 class TableSet:
     """Everything one data plane holds, as the control plane wants it."""
@@ -165,6 +246,7 @@ class TableSet:
     vips: dict[int, Vip] = field(default_factory=dict)
     backends: dict[int, Backend] = field(default_factory=dict)
     rings: dict[int, np.ndarray] = field(default_factory=dict)
+    nat: NatConfig = field(default_factory=NatConfig)
 
     def vip_for(self, addr: IPAddress, port: int, proto: int) -> Vip | None:
         for vip in self.vips.values():
