@@ -52,6 +52,11 @@ struct lb_dataplane_ops {
 	/* Optional (NULL: the stats reply has no "ports"): the NIC counters of
 	 * port 0..nports-1, as the port's driver reports them. */
 	int (*read_port_stats)(void *ctx, __u32 port, struct lb_port_stats *out);
+	/* NAT mode (lb_conn.h). Both NULL in a data plane without it: its hello
+	 * lacks the "nat" capability, and it refuses NAT VIPs and set_nat. */
+	int (*set_nat)(void *ctx, const struct lb_nat_config *nat);
+	/* The connection table's figures (the stats reply's "conns"). */
+	int (*read_conns)(void *ctx, struct lb_conn_stats *out);
 };
 
 /* Static facts reported by hello. */
@@ -67,6 +72,7 @@ struct lb_proto_info {
 	__u32 nports;            /* 1..LB_MAX_PORTS; index 0 = the ingress port */
 	struct lb_proto_port ports[LB_MAX_PORTS];
 	const char *const *capabilities; /* NULL-terminated */
+	__u32 conn_table_size;   /* NAT connection-table entries (0: no NAT mode) */
 };
 
 /* The configured tables. A VIP's ring exists while the VIP does. */
@@ -75,6 +81,7 @@ struct lb_proto_vip {
 	__u8 mode;
 	__u8 tunnel_family;       /* of tunnel_src; 0: none given */
 	__u16 nat_port;           /* network order, 0 = the VIP's port */
+	__u8 nat_flags;           /* LB_VIP_F_* (NAT mode only) */
 	struct lb_vip_key key;    /* IPv4: the address's other 12 bytes 0 */
 	union lb_addr tunnel_src; /* 0 when tunnel_family is 0 */
 };
@@ -84,6 +91,7 @@ struct lb_proto_state {
 	struct lb_proto_vip vips[LB_MAX_VIPS];       /* indexed by vip_id */
 	struct lb_backend backends[LB_MAX_BACKENDS]; /* state UNUSED = empty */
 	__u32 *rings[LB_MAX_VIPS];                   /* ring_size slots, NULL if unused */
+	struct lb_nat_config nat;                    /* defaults until set_nat */
 };
 
 /* What one request did, for the caller's log line. Valid until the next call. */
