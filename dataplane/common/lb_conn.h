@@ -23,27 +23,45 @@
  *        The reply key is (backend, client or SNAT address, backend port,
  *        client port or SNAT port): lb_conn_reply_key; with SNAT the port is
  *        the first of the LB_SNAT_PROBES candidates (lb_snat_candidate) whose
- *        reply key is free (none: drop_snat_exhausted). Both entries are
- *        inserted, the original first; a table without room for both evicts
- *        the oldest embryonic connection (below) or refuses (drop_conn_full).
- *        conn_new.
+ *        reply key is free. Without SNAT the one reply key must be free too
+ *        (the same client address and port through two NAT VIPs to one
+ *        backend port would share it, and the second connection would steal
+ *        the first one's replies); a reply key equal to the connection's own
+ *        original key counts as taken. No free reply key: drop_snat_exhausted.
+ *        Checks in this order: RST (drop_conn_invalid), backend
+ *        (drop_no_backend), reply key (drop_snat_exhausted), room
+ *        (drop_conn_full). Both entries are inserted, the original first; a
+ *        table without room for both evicts the oldest embryonic connection
+ *        (below) or refuses (drop_conn_full). The opening packet sets the
+ *        open state only (no lb_conn_next_state). The client's MAC and port
+ *        are those of the opening frame. conn_new (after conn_reschedule
+ *        when a down backend's connection was moved).
  *   2. not to a VIP: look the 5-tuple up. A reply entry: update the state in
  *      the original entry (named by the peer key), translate, send to the
  *      client's MAC out of the client's port. conn_reply. An original entry
  *      whose VIP is gone, or no entry: pass to the kernel (pass_not_vip).
  *   3. an ICMP error (lb_nat4_icmp_parse) whose quoted packet, reversed, is a
  *      connection's key: translate the quote back (lb_conn_icmp_translate) and
- *      send it where that entry's peer came from. nat_icmp. Any other ICMP:
- *      pass to the kernel (pass_not_vip).
- * The egress MACs and counters (fwd_tx / fwd_redirect, per VIP and backend)
- * are those of DSR mode; a packet to the backend leaves by the backend's port,
- * a reply or an error for the client by the client's port.
+ *      send it where that entry's peer came from. nat_icmp. Any other ICMP,
+ *      a malformed or fragmented one included: pass to the kernel
+ *      (pass_not_vip). Neither replies nor ICMP errors look at the backend's
+ *      state or the VIP (a connection outlives both until it expires) or
+ *      change the connection's state.
+ * A packet to the backend leaves by the backend's port (0: the port it came
+ * in on) with the backend's MAC, a reply or an error for the client by the
+ * client's port to the client's MAC; the source MAC is the egress port's.
+ * fwd_tx when the egress port is the ingress port, else fwd_redirect (DSR
+ * decides by the backend's port number alone); a backend gone from the
+ * tables is drop_tx_error. Per-VIP and per-backend counters count both
+ * directions.
  *
- * Full table: the data plane keeps the original keys of embryonic
- * connections (SYN_SENT, SYN_RECV, UDP_UNREPLIED) in creation order (a FIFO
- * of the table's size); when an insert finds no room it takes up to
- * LB_CONN_EVICT_TRIES keys from the FIFO's head, evicts the first that is
- * still an embryonic connection (both entries; conn_evict), and retries once.
+ * Full table: the data plane keeps the original keys of connections opened
+ * embryonic (SYN_SENT, UDP_UNREPLIED) in creation order, in a FIFO holding as
+ * many keys as the table has entries (a push onto a full FIFO drops its
+ * oldest key); when an insert finds no room it pops up to
+ * LB_CONN_EVICT_TRIES keys from the FIFO's head (popped keys are gone),
+ * evicts the first whose original entry is in an embryonic state (SYN_SENT,
+ * SYN_RECV, UDP_UNREPLIED; both entries; conn_evict), and retries once.
  * An established connection is never evicted: with nothing embryonic, the new
  * connection is refused (drop_conn_full). Idle timeouts (by state, struct
  * lb_nat_config) are enforced by a sweep outside the fast path; the fast path
@@ -67,17 +85,27 @@
 #define LB_CONN_NO_STATE LB_CONN_STATES /* "this packet opens no connection" */
 
 /* The TCP flags of the IPv4 TCP packet *p describes (parse OK), 0 for UDP or
- * a frame that does not hold them (the parse checked 20 bytes of TCP). */
+ * a frame that does not hold them. The L4 offset is re-derived from the IHL
+ * byte on the very pointer that is checked (as lb_nat4_rewrite does): a
+ * pointer built from p->l4_off, which the compiler reloads from the stack,
+ * is one the verifier cannot bound. */
 LB_CONN_INLINE __u8 lb_tcp_flags(const void *data, const void *data_end, const struct lb_parsed *p)
 {
-	const __u8 *pos = (const __u8 *)data;
-	__u32 off = p->l4_off;
+	const __u8 *end = (const __u8 *)data_end;
+	const struct lb_ipv4_hdr *iph;
+	const __u8 *l4;
+	__u32 l3_off = p->l3_off;
 
-	if (p->proto != LB_IPPROTO_TCP || off > LB_NAT_MAX_L3_OFF + 60)
+	if (p->family != LB_FAMILY_IPV4 || p->proto != LB_IPPROTO_TCP ||
+	    l3_off < LB_NAT_MIN_L3_OFF || l3_off > LB_NAT_MAX_L3_OFF)
 		return 0;
-	if (LB_PAST_END(pos + off, 14, (const __u8 *)data_end))
+	iph = (const struct lb_ipv4_hdr *)((const __u8 *)data + l3_off);
+	if (LB_PAST_END(iph, sizeof(*iph), end))
 		return 0;
-	return pos[off + 13];
+	l4 = (const __u8 *)iph + (iph->ver_ihl & 0xf) * 4u;
+	if (LB_PAST_END(l4, 14, end))
+		return 0;
+	return l4[13];
 }
 
 LB_CONN_INLINE int lb_conn_embryonic(__u8 state)

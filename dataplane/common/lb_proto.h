@@ -53,9 +53,26 @@ struct lb_dataplane_ops {
 	 * port 0..nports-1, as the port's driver reports them. */
 	int (*read_port_stats)(void *ctx, __u32 port, struct lb_port_stats *out);
 	/* NAT mode (lb_conn.h). Both NULL in a data plane without it: its hello
-	 * lacks the "nat" capability, and it refuses NAT VIPs and set_nat. */
+	 * lacks the "nat" capability and reports conn_table_size 0, and the
+	 * server refuses NAT VIPs (set_vip mode 1) and set_nat.
+	 *
+	 * set_nat replaces the whole NAT configuration with *nat, which the
+	 * server has validated (lb_proto_nat_check): snat_naddrs <=
+	 * LB_MAX_SNAT_ADDRS distinct unicast addresses (none in 0.0.0.0/8,
+	 * 127.0.0.0/8 or 224.0.0.0/3), the entries after them 0,
+	 * 1 <= snat_port_min <= snat_port_max, on_backend_down an enum
+	 * lb_nat_down, pad 0, every timeout 1..INT32_MAX. The server never
+	 * calls it at start: a data plane starts with lb_proto_nat_defaults'
+	 * values itself. Existing connections keep their translation (their
+	 * entries carry it); the new pool, port range and down policy are for
+	 * the connections opened after the call, the timeouts for every
+	 * connection from the sweep after it. On failure the server calls it
+	 * again with the previous configuration (the rollback). */
 	int (*set_nat)(void *ctx, const struct lb_nat_config *nat);
-	/* The connection table's figures (the stats reply's "conns"). */
+	/* The connection table's figures (the stats reply's "conns"); *out is
+	 * zeroed by the server first. Optional even with set_nat: NULL, the
+	 * stats reply has no "conns". A failure gives an empty "conns" map
+	 * rather than failing stats. */
 	int (*read_conns)(void *ctx, struct lb_conn_stats *out);
 };
 
@@ -72,7 +89,9 @@ struct lb_proto_info {
 	__u32 nports;            /* 1..LB_MAX_PORTS; index 0 = the ingress port */
 	struct lb_proto_port ports[LB_MAX_PORTS];
 	const char *const *capabilities; /* NULL-terminated */
-	__u32 conn_table_size;   /* NAT connection-table entries (0: no NAT mode) */
+	__u32 conn_table_size;   /* NAT connection-table entries (0: no NAT mode;
+	                          * hello reports 0 whatever this says when the
+	                          * ops have no set_nat) */
 };
 
 /* The configured tables. A VIP's ring exists while the VIP does. */
@@ -91,8 +110,17 @@ struct lb_proto_state {
 	struct lb_proto_vip vips[LB_MAX_VIPS];       /* indexed by vip_id */
 	struct lb_backend backends[LB_MAX_BACKENDS]; /* state UNUSED = empty */
 	__u32 *rings[LB_MAX_VIPS];                   /* ring_size slots, NULL if unused */
-	struct lb_nat_config nat;                    /* defaults until set_nat */
+	struct lb_nat_config nat;                    /* lb_proto_nat_defaults until set_nat */
 };
+
+/* The NAT configuration a data plane starts with, and the server's until
+ * set_nat: no SNAT address, ports 1024..65535, LB_NAT_DOWN_RESCHEDULE, the
+ * timeouts of LB_CONN_TIMEOUTS_DEFAULT. */
+void lb_proto_nat_defaults(struct lb_nat_config *nat);
+
+/* Whether *nat is a configuration set_nat would accept (see set_nat above).
+ * 0, or -EINVAL with err naming the field at fault (errlen > 0). */
+int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen);
 
 /* What one request did, for the caller's log line. Valid until the next call. */
 struct lb_proto_outcome {
@@ -115,7 +143,13 @@ void lb_proto_server_free(struct lb_proto_server *srv);
 /* Adopt tables read back from a data plane that outlived its daemon (pinned
  * maps). st->config.ring_size must equal the server's. Everything is checked
  * as a request would be; on error nothing changes and err says why. The rings
- * are copied; st stays the caller's. */
+ * are copied; st stays the caller's.
+ * NAT: with ops->set_nat, st->nat must be filled (what the data plane holds,
+ * lb_proto_nat_defaults when it never had a set_nat) and pass
+ * lb_proto_nat_check; a VIP may be mode LB_MODE_NAT (IPv4 only) and carry
+ * nat_flags LB_VIP_F_SNAT (NAT VIPs only, and only with a SNAT address in
+ * st->nat). Without ops->set_nat, st->nat is ignored (the server keeps the
+ * defaults) and every VIP must be DSR with nat_flags 0. */
 int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_state *st,
 			    char *err, size_t errlen);
 

@@ -27,6 +27,12 @@
 #define MAX_OBJECTS (1u << 18) /* bounds msgpack-c's zone to a few MiB */
 
 static const char *const stat_names[LB_STAT_MAX] = LB_STAT_NAMES;
+static const char *const conn_state_names[LB_CONN_STATES] = LB_CONN_STATE_NAMES;
+static const __u32 conn_timeouts_default[LB_CONN_STATES] = LB_CONN_TIMEOUTS_DEFAULT;
+
+#define NAT_PORT_MIN_DEFAULT 1024
+#define NAT_PORT_MAX_DEFAULT 65535
+#define NAT_TIMEOUT_MAX 2147483647u /* seconds; fits a signed 32-bit time delta */
 
 static int out_write(void *data, const char *buf, size_t len)
 {
@@ -331,6 +337,108 @@ static int get_addr(struct lb_codec_req *r, const msgpack_object *map, const cha
 	return 0;
 }
 
+/* An optional unsigned integer field in min..max; *out is left alone when it
+ * is absent. */
+static int get_uint_opt(struct lb_codec_req *r, const msgpack_object *map, const char *where,
+			const char *key, uint64_t min, uint64_t max, uint64_t *out)
+{
+	const msgpack_object *o;
+
+	if (lookup(r, map, where, key, &o))
+		return -1;
+	return o ? get_uint(r, map, where, key, min, max, out) : 0;
+}
+
+/* ---- the NAT configuration's rules (also lb_proto_server_restore's) ------ */
+
+void lb_proto_nat_defaults(struct lb_nat_config *nat)
+{
+	memset(nat, 0, sizeof(*nat));
+	nat->snat_port_min = NAT_PORT_MIN_DEFAULT;
+	nat->snat_port_max = NAT_PORT_MAX_DEFAULT;
+	nat->on_backend_down = LB_NAT_DOWN_RESCHEDULE;
+	memcpy(nat->timeouts_s, conn_timeouts_default, sizeof(nat->timeouts_s));
+}
+
+/* A SNAT pool address must be one a backend's reply can be routed back to:
+ * not 0.0.0.0/8 (this network), 127.0.0.0/8 (loopback), nor 224.0.0.0/3
+ * (multicast, reserved, the limited broadcast). a is in network order. */
+static int snat_addr_ok(__u32 a)
+{
+	const __u8 *b = (const __u8 *)&a;
+
+	return b[0] != 0 && b[0] != 127 && b[0] < 224;
+}
+
+static void fmt_ip4(char *buf, size_t n, __u32 a)
+{
+	const __u8 *b = (const __u8 *)&a;
+
+	snprintf(buf, n, "%u.%u.%u.%u", b[0], b[1], b[2], b[3]);
+}
+
+int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen)
+{
+	char ip[16];
+
+	if (nat->snat_naddrs > LB_MAX_SNAT_ADDRS) {
+		snprintf(err, errlen, "field 'snat_addrs' has %u entries, at most %u allowed",
+			 nat->snat_naddrs, LB_MAX_SNAT_ADDRS);
+		return -EINVAL;
+	}
+	for (__u32 i = 0; i < LB_MAX_SNAT_ADDRS; i++) {
+		__u32 a = nat->snat_addrs[i];
+
+		fmt_ip4(ip, sizeof(ip), a);
+		if (i >= nat->snat_naddrs) {
+			if (a) {
+				snprintf(err, errlen, "field 'snat_addrs': entry %u past the %u "
+					 "addresses is %s, not 0", i, nat->snat_naddrs, ip);
+				return -EINVAL;
+			}
+			continue;
+		}
+		if (!snat_addr_ok(a)) {
+			snprintf(err, errlen, "field 'snat_addrs[%u]': %s is not a unicast address "
+				 "(0.0.0.0/8, 127.0.0.0/8 and 224.0.0.0/3 are refused)", i, ip);
+			return -EINVAL;
+		}
+		for (__u32 j = 0; j < i; j++) {
+			if (nat->snat_addrs[j] == a) {
+				snprintf(err, errlen, "field 'snat_addrs[%u]': %s appears twice "
+					 "(also snat_addrs[%u])", i, ip, j);
+				return -EINVAL;
+			}
+		}
+	}
+	if (nat->snat_port_min == 0 || nat->snat_port_max == 0) {
+		snprintf(err, errlen, "field '%s' out of range: 0 (allowed 1..65535)",
+			 nat->snat_port_min == 0 ? "snat_port_min" : "snat_port_max");
+		return -EINVAL;
+	}
+	if (nat->snat_port_min > nat->snat_port_max) {
+		snprintf(err, errlen, "field 'snat_port_min': %u is above snat_port_max %u",
+			 nat->snat_port_min, nat->snat_port_max);
+		return -EINVAL;
+	}
+	if (nat->on_backend_down > LB_NAT_DOWN_DROP) {
+		snprintf(err, errlen, "field 'on_backend_down' out of range: %u (allowed 0..1)",
+			 nat->on_backend_down);
+		return -EINVAL;
+	}
+	if (nat->pad[0] || nat->pad[1] || nat->pad[2]) {
+		snprintf(err, errlen, "NAT configuration: pad is not 0");
+		return -EINVAL;
+	}
+	for (__u32 s = 0; s < LB_CONN_STATES; s++) {
+		if (nat->timeouts_s[s] == 0 || nat->timeouts_s[s] > NAT_TIMEOUT_MAX) {
+			snprintf(err, errlen, "field 'timeouts.%s' out of range: %u (allowed 1..%u)",
+				 conn_state_names[s], nat->timeouts_s[s], NAT_TIMEOUT_MAX);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
 
 /* ---- field decoders ------------------------------------------------------ */
 
@@ -399,6 +507,108 @@ int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present)
 		return -1;
 	*present = o != NULL;
 	return 0;
+}
+
+int lb_codec_bool(struct lb_codec_req *r, const char *key, bool dflt, bool *out)
+{
+	const msgpack_object *o;
+
+	*out = dflt;
+	if (lookup(r, r->root, "", key, &o))
+		return -1;
+	if (!o)
+		return 0;
+	if (o->type != MSGPACK_OBJECT_BOOLEAN)
+		return fail(r, "field '%s' must be bool, got %s", key, type_name(o));
+	*out = o->via.boolean;
+	return 0;
+}
+
+/* set_nat's 'snat_addrs': IPv4 only (NAT mode is). */
+static int nat_addrs(struct lb_codec_req *r, const msgpack_object *arr, struct lb_nat_config *nat)
+{
+	if (arr->type != MSGPACK_OBJECT_ARRAY)
+		return fail(r, "field 'snat_addrs' must be an array, got %s", type_name(arr));
+	if (arr->via.array.size > LB_MAX_SNAT_ADDRS)
+		return fail(r, "field 'snat_addrs' has %u entries, at most %u allowed",
+			    arr->via.array.size, LB_MAX_SNAT_ADDRS);
+	for (uint32_t i = 0; i < arr->via.array.size; i++) {
+		const msgpack_object *e = &arr->via.array.ptr[i];
+
+		if (e->type != MSGPACK_OBJECT_BIN)
+			return fail(r, "field 'snat_addrs[%u]' must be bin, got %s", i,
+				    type_name(e));
+		if (e->via.bin.size != 4)
+			return fail(r, "field 'snat_addrs[%u]' must be bin of 4 bytes (NAT mode is "
+				    "IPv4 only), got %u", i, e->via.bin.size);
+		memcpy(&nat->snat_addrs[i], e->via.bin.ptr, 4); /* network order */
+	}
+	nat->snat_naddrs = arr->via.array.size;
+	return 0;
+}
+
+/* set_nat's 'timeouts': a map of connection-state names to seconds. */
+static int nat_timeouts(struct lb_codec_req *r, const msgpack_object *map,
+			struct lb_nat_config *nat)
+{
+	if (map->type != MSGPACK_OBJECT_MAP)
+		return fail(r, "field 'timeouts' must be a map, got %s", type_name(map));
+	if (check_keys(r, map, "timeouts"))
+		return -1;
+	/* Unknown names are errors here (not ignored as unknown request keys
+	 * are): a misspelt state would silently keep its default. */
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const msgpack_object_str *k = &map->via.map.ptr[i].key.via.str;
+		__u32 s;
+
+		for (s = 0; s < LB_CONN_STATES; s++)
+			if (strlen(conn_state_names[s]) == k->size &&
+			    memcmp(conn_state_names[s], k->ptr, k->size) == 0)
+				break;
+		if (s == LB_CONN_STATES) {
+			char name[48];
+
+			sanitize(name, sizeof(name), k->ptr, k->size);
+			return fail(r, "field 'timeouts': unknown connection state '%s' (known: "
+				    "syn_sent, syn_recv, established, fin_wait, time_wait, close, "
+				    "udp_unreplied, udp_replied)", name);
+		}
+	}
+	for (__u32 s = 0; s < LB_CONN_STATES; s++) {
+		uint64_t v = nat->timeouts_s[s];
+
+		if (get_uint_opt(r, map, "timeouts.", conn_state_names[s], 1, NAT_TIMEOUT_MAX, &v))
+			return -1;
+		nat->timeouts_s[s] = (__u32)v;
+	}
+	return 0;
+}
+
+int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat)
+{
+	const msgpack_object *o;
+	uint64_t pmin = NAT_PORT_MIN_DEFAULT, pmax = NAT_PORT_MAX_DEFAULT;
+	uint64_t down = LB_NAT_DOWN_RESCHEDULE;
+
+	lb_proto_nat_defaults(nat);
+	if (lookup(r, r->root, "", "snat_addrs", &o))
+		return -1;
+	if (o && nat_addrs(r, o, nat))
+		return -1;
+	if (get_uint_opt(r, r->root, "", "snat_port_min", 1, 65535, &pmin) ||
+	    get_uint_opt(r, r->root, "", "snat_port_max", 1, 65535, &pmax) ||
+	    get_uint_opt(r, r->root, "", "on_backend_down", LB_NAT_DOWN_RESCHEDULE,
+			 LB_NAT_DOWN_DROP, &down))
+		return -1;
+	nat->snat_port_min = (__u16)pmin;
+	nat->snat_port_max = (__u16)pmax;
+	nat->on_backend_down = (__u8)down;
+	if (lookup(r, r->root, "", "timeouts", &o))
+		return -1;
+	if (o && nat_timeouts(r, o, nat))
+		return -1;
+	/* What no single field shows: unicast, distinct addresses; min <= max. */
+	return lb_proto_nat_check(nat, r->err, LB_CODEC_ERR_LEN) ? -1 : 0;
 }
 
 int lb_codec_slots(struct lb_codec_req *r, __u32 ring_size, __u32 *dst)
@@ -540,7 +750,7 @@ static void field(struct lb_codec_req *r, const char *key)
 }
 
 void lb_codec_reply_hello(struct lb_codec_req *r, const struct lb_proto_info *in,
-			  __u32 ring_size)
+			  __u32 ring_size, __u32 conn_table_size)
 {
 	msgpack_packer *pk = &r->pk;
 	uint32_t ncap = 0;
@@ -578,6 +788,8 @@ void lb_codec_reply_hello(struct lb_codec_req *r, const struct lb_proto_info *in
 	msgpack_pack_array(pk, ncap);
 	for (uint32_t i = 0; i < ncap; i++)
 		pack_str(pk, in->capabilities[i]);
+	field(r, "conn_table_size");
+	msgpack_pack_uint32(pk, conn_table_size);
 }
 
 void lb_codec_reply_ring(struct lb_codec_req *r, const __u32 *ring, __u32 rs)
@@ -608,7 +820,7 @@ static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 {
 	bool tunnel = v->tunnel_family != 0;
 
-	msgpack_pack_map(pk, 6 + (tunnel ? 1 : 0));
+	msgpack_pack_map(pk, 7 + (tunnel ? 1 : 0));
 	pack_str(pk, "vip_id");
 	msgpack_pack_uint32(pk, id);
 	pack_str(pk, "addr");
@@ -621,9 +833,38 @@ static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 	msgpack_pack_uint8(pk, v->mode);
 	pack_str(pk, "nat_port");
 	msgpack_pack_uint16(pk, ntohs(v->nat_port));
+	pack_str(pk, "snat");
+	if (v->nat_flags & LB_VIP_F_SNAT)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
 	if (tunnel) {
 		pack_str(pk, "tunnel_src");
 		pack_addr(pk, &v->tunnel_src, v->tunnel_family);
+	}
+}
+
+/* dump's "nat": set_nat's fields, the timeouts of every state. */
+static void pack_nat(msgpack_packer *pk, const struct lb_nat_config *nat)
+{
+	__u32 n = nat->snat_naddrs < LB_MAX_SNAT_ADDRS ? nat->snat_naddrs : LB_MAX_SNAT_ADDRS;
+
+	msgpack_pack_map(pk, 5);
+	pack_str(pk, "snat_addrs");
+	msgpack_pack_array(pk, n);
+	for (__u32 i = 0; i < n; i++)
+		pack_bin(pk, &nat->snat_addrs[i], 4);
+	pack_str(pk, "snat_port_min");
+	msgpack_pack_uint16(pk, nat->snat_port_min);
+	pack_str(pk, "snat_port_max");
+	msgpack_pack_uint16(pk, nat->snat_port_max);
+	pack_str(pk, "on_backend_down");
+	msgpack_pack_uint8(pk, nat->on_backend_down);
+	pack_str(pk, "timeouts");
+	msgpack_pack_map(pk, LB_CONN_STATES);
+	for (__u32 s = 0; s < LB_CONN_STATES; s++) {
+		pack_str(pk, conn_state_names[s]);
+		msgpack_pack_uint32(pk, nat->timeouts_s[s]);
 	}
 }
 
@@ -672,6 +913,8 @@ void lb_codec_reply_dump(struct lb_codec_req *r, const struct lb_proto_state *st
 		pack_str(pk, "port");
 		msgpack_pack_uint8(pk, b->port);
 	}
+	field(r, "nat");
+	pack_nat(pk, &st->nat);
 }
 
 static void pack_counter_row(msgpack_packer *pk, __u32 id, const struct lb_counter *c)
@@ -719,10 +962,39 @@ static void pack_port_stats(struct lb_codec_req *r, const struct lb_port_stats *
 	}
 }
 
+/* "conns": the connection table's figures; an empty map when they could not
+ * be read. */
+static void pack_conns(struct lb_codec_req *r, const struct lb_conn_stats *cs, bool ok)
+{
+	msgpack_packer *pk = &r->pk;
+
+	field(r, "conns");
+	if (!ok) {
+		msgpack_pack_map(pk, 0);
+		return;
+	}
+	msgpack_pack_map(pk, 5);
+	pack_str(pk, "capacity");
+	msgpack_pack_uint64(pk, cs->capacity);
+	pack_str(pk, "entries");
+	msgpack_pack_uint64(pk, cs->entries);
+	pack_str(pk, "by_state");
+	msgpack_pack_map(pk, LB_CONN_STATES);
+	for (__u32 s = 0; s < LB_CONN_STATES; s++) {
+		pack_str(pk, conn_state_names[s]);
+		msgpack_pack_uint64(pk, cs->by_state[s]);
+	}
+	pack_str(pk, "snat_ports_in_use");
+	msgpack_pack_uint64(pk, cs->snat_ports_in_use);
+	pack_str(pk, "expired");
+	msgpack_pack_uint64(pk, cs->expired);
+}
+
 void lb_codec_reply_stats(struct lb_codec_req *r, const struct lb_proto_state *st,
 			  const struct lb_counter *global, const struct lb_counter *vips,
 			  const struct lb_counter *backends, const struct lb_port_stats *ports,
-			  const bool *port_ok, __u32 nports)
+			  const bool *port_ok, __u32 nports, const struct lb_conn_stats *conns,
+			  bool conns_ok)
 {
 	msgpack_packer *pk = &r->pk;
 	uint32_t nv, nb;
@@ -746,6 +1018,8 @@ void lb_codec_reply_stats(struct lb_codec_req *r, const struct lb_proto_state *s
 			pack_counter_row(pk, i, &backends[i]);
 	if (ports)
 		pack_port_stats(r, ports, port_ok, nports);
+	if (conns)
+		pack_conns(r, conns, conns_ok);
 }
 
 /* ---- the envelope -------------------------------------------------------- */

@@ -123,6 +123,18 @@ int lb_codec_vip_extras(struct lb_codec_req *r, struct lb_vip_entry *e);
 /* Whether the optional field key is present (given twice is an error). */
 int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present);
 
+/* An optional bool field; *out is dflt when it is absent. */
+int lb_codec_bool(struct lb_codec_req *r, const char *key, bool dflt, bool *out);
+
+/* set_nat's fields into *nat, the whole configuration: every field optional,
+ * an absent one takes its lb_proto_nat_defaults value. 'snat_addrs' array of
+ * at most LB_MAX_SNAT_ADDRS bin 4; 'snat_port_min', 'snat_port_max' uint
+ * 1..65535; 'on_backend_down' uint 0..1; 'timeouts' map of
+ * LB_CONN_STATE_NAMES names to uint 1..INT32_MAX (an unknown name is an
+ * error; a missing one keeps its default). Then lb_proto_nat_check's rules
+ * (unicast, distinct addresses; min <= max). */
+int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat);
+
 /* 'slots': exactly ring_size little-endian u32 backend references, into dst
  * (ring_size entries). dst may be partly written on error. */
 int lb_codec_slots(struct lb_codec_req *r, __u32 ring_size, __u32 *dst);
@@ -139,21 +151,26 @@ int lb_codec_patch(struct lb_codec_req *r, __u32 ring_size, struct lb_ring_patch
 
 /* ---- reply encoders: add an op's fields to the body --------------------- */
 
+/* conn_table_size: what hello reports (0 for a data plane without NAT mode,
+ * whatever info says). */
 void lb_codec_reply_hello(struct lb_codec_req *r, const struct lb_proto_info *info,
-			  __u32 ring_size);
+			  __u32 ring_size, __u32 conn_table_size);
 
 /* 'slots': the ring as ring_size little-endian u32. */
 void lb_codec_reply_ring(struct lb_codec_req *r, const __u32 *ring, __u32 ring_size);
 
-/* The configuration, every configured VIP and backend. */
+/* The configuration, every configured VIP and backend, the NAT configuration. */
 void lb_codec_reply_dump(struct lb_codec_req *r, const struct lb_proto_state *st);
 
 /* Counters of what st configures (global[LB_STAT_MAX], vips[LB_MAX_VIPS],
  * backends[LB_MAX_BACKENDS]). ports NULL: no "ports" field; else nports NIC
- * counter maps, an empty map where port_ok[i] is false (its driver failed). */
+ * counter maps, an empty map where port_ok[i] is false (its driver failed).
+ * conns NULL: no "conns" field; else the connection table's figures, an
+ * empty map when conns_ok is false (reading them failed). */
 void lb_codec_reply_stats(struct lb_codec_req *r, const struct lb_proto_state *st,
 			  const struct lb_counter *global, const struct lb_counter *vips,
 			  const struct lb_counter *backends, const struct lb_port_stats *ports,
-			  const bool *port_ok, __u32 nports);
+			  const bool *port_ok, __u32 nports, const struct lb_conn_stats *conns,
+			  bool conns_ok);
 
 #endif /* HPCLB_LB_PROTO_CODEC_H */

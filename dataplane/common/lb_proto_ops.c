@@ -37,6 +37,7 @@ struct lb_proto_server {
 	struct lb_counter c_backends[LB_MAX_BACKENDS];
 	struct lb_port_stats c_ports[LB_MAX_PORTS];
 	bool c_ports_ok[LB_MAX_PORTS];
+	struct lb_conn_stats c_conns; /* filled by ops->read_conns */
 	char err[LB_CODEC_ERR_LEN]; /* the last request's error: lb_proto_outcome */
 };
 
@@ -71,6 +72,21 @@ static int find_vip(const struct lb_proto_server *srv, const struct lb_vip_key *
 	return -1;
 }
 
+/* The first configured VIP whose connections take a SNAT address, or -1. */
+static int find_snat_vip(const struct lb_proto_state *st)
+{
+	for (int i = 0; i < LB_MAX_VIPS; i++)
+		if (st->vips[i].used && (st->vips[i].nat_flags & LB_VIP_F_SNAT))
+			return i;
+	return -1;
+}
+
+/* Whether the data plane serves NAT mode (lb_proto.h: set_nat). */
+static bool has_nat(const struct lb_proto_server *srv)
+{
+	return srv->ops->set_nat != NULL;
+}
+
 /* ---- applying, and undoing ---------------------------------------------- */
 
 /* Writes an all-LB_NO_BACKEND ring for vip_id (through the scratch ring). */
@@ -96,7 +112,8 @@ static int fail_apply(struct call *c, const char *what, int err, int rb)
 
 static int op_hello(struct call *c)
 {
-	lb_codec_reply_hello(c->r, &c->srv->info, c->srv->st.config.ring_size);
+	lb_codec_reply_hello(c->r, &c->srv->info, c->srv->st.config.ring_size,
+			     has_nat(c->srv) ? c->srv->info.conn_table_size : 0);
 	return 0;
 }
 
@@ -125,7 +142,7 @@ static int op_set_vip(struct call *c)
 	struct lb_vip_entry e;
 	__u32 *ring = NULL;
 	uint64_t vip_id, mode;
-	bool slots;
+	bool slots, snat;
 	int cur, err;
 
 	memset(&e, 0, sizeof(e));
@@ -135,11 +152,21 @@ static int op_set_vip(struct call *c)
 	if (lb_codec_uint(r, "vip_id", 0, LB_MAX_VIPS - 1, &vip_id) ||
 	    lb_codec_vip_key(r, &key) ||
 	    lb_codec_uint(r, "mode", LB_MODE_DSR, LB_MODE_TUNNEL, &mode) ||
-	    lb_codec_vip_extras(r, &e))
+	    lb_codec_vip_extras(r, &e) ||
+	    lb_codec_bool(r, "snat", false, &snat))
 		return -1;
-	if (mode != LB_MODE_DSR)
+	if (mode == LB_MODE_TUNNEL || (mode == LB_MODE_NAT && !has_nat(srv)))
 		return lb_codec_fail(r, "mode not supported by this data plane: field 'mode' is "
-				     "%llu, only 0 (dsr) is implemented", (unsigned long long)mode);
+				     "%llu, only 0 (dsr)%s implemented", (unsigned long long)mode,
+				     has_nat(srv) ? " and 1 (nat) are" : " is");
+	if (mode == LB_MODE_NAT && key.family != LB_FAMILY_V4)
+		return lb_codec_fail(r, "field 'mode': NAT mode (1) is IPv4 only, this VIP's "
+				     "'addr' is IPv6");
+	if (snat && mode != LB_MODE_NAT)
+		return lb_codec_fail(r, "field 'snat': only a NAT VIP (mode 1) takes SNAT, "
+				     "field 'mode' is %llu", (unsigned long long)mode);
+	if (snat && srv->st.nat.snat_naddrs == 0)
+		return lb_codec_fail(r, "field 'snat': no SNAT pool configured (set_nat)");
 	cur = find_vip(srv, &key);
 	if (cur >= 0 && (uint64_t)cur != vip_id)
 		return lb_codec_fail(r, "field 'vip_id': this addr/port/proto is already VIP %d "
@@ -178,6 +205,7 @@ static int op_set_vip(struct call *c)
 	}
 	e.vip_id = (__u32)vip_id;
 	e.mode = (__u8)mode;
+	e.nat_flags = snat ? LB_VIP_F_SNAT : 0;
 	err = srv->ops->set_vip(srv->ctx, &key, &e);
 	if (err) {
 		free(ring);
@@ -197,6 +225,7 @@ static int op_set_vip(struct call *c)
 	srv->st.vips[vip_id].nat_port = e.nat_port;
 	srv->st.vips[vip_id].tunnel_family = e.tunnel_family;
 	srv->st.vips[vip_id].tunnel_src = e.tunnel_src;
+	srv->st.vips[vip_id].nat_flags = e.nat_flags;
 	c->changed = 1;
 	return 0;
 }
@@ -332,6 +361,31 @@ static int op_get_ring(struct call *c)
 	return 0;
 }
 
+/* The whole NAT configuration; fields left out take their defaults. */
+static int op_set_nat(struct call *c)
+{
+	struct lb_proto_server *srv = c->srv;
+	struct lb_nat_config nat;
+	int vip, err;
+
+	if (!has_nat(srv))
+		return lb_codec_fail(c->r, "op 'set_nat' not supported: this data plane has no "
+				     "NAT mode");
+	if (lb_codec_nat(c->r, &nat))
+		return -1;
+	vip = find_snat_vip(&srv->st);
+	if (nat.snat_naddrs == 0 && vip >= 0)
+		return lb_codec_fail(c->r, "field 'snat_addrs': VIP %d uses SNAT, the pool cannot "
+				     "be emptied (set_vip it without snat, or del_vip it, first)",
+				     vip);
+	err = srv->ops->set_nat(srv->ctx, &nat);
+	if (err)
+		return fail_apply(c, "set_nat", err, srv->ops->set_nat(srv->ctx, &srv->st.nat));
+	srv->st.nat = nat;
+	c->changed = 1;
+	return 0;
+}
+
 static int op_dump(struct call *c)
 {
 	lb_codec_reply_dump(c->r, &c->srv->st);
@@ -341,6 +395,7 @@ static int op_dump(struct call *c)
 static int op_stats(struct call *c)
 {
 	struct lb_proto_server *srv = c->srv;
+	bool conns_ok;
 	int err;
 
 	memset(srv->c_global, 0, sizeof(srv->c_global));
@@ -355,9 +410,16 @@ static int op_stats(struct call *c)
 		memset(&srv->c_ports[p], 0, sizeof(srv->c_ports[p]));
 		srv->c_ports_ok[p] = srv->ops->read_port_stats(srv->ctx, p, &srv->c_ports[p]) == 0;
 	}
+	/* Likewise the connection table: an empty "conns" when it cannot be read. */
+	conns_ok = false;
+	if (srv->ops->read_conns) {
+		memset(&srv->c_conns, 0, sizeof(srv->c_conns));
+		conns_ok = srv->ops->read_conns(srv->ctx, &srv->c_conns) == 0;
+	}
 	lb_codec_reply_stats(c->r, &srv->st, srv->c_global, srv->c_vips, srv->c_backends,
 			     srv->ops->read_port_stats ? srv->c_ports : NULL, srv->c_ports_ok,
-			     srv->info.nports);
+			     srv->info.nports, srv->ops->read_conns ? &srv->c_conns : NULL,
+			     conns_ok);
 	return 0;
 }
 
@@ -376,6 +438,7 @@ static const struct {
 	{ "get_ring", op_get_ring },
 	{ "dump", op_dump },
 	{ "stats", op_stats },
+	{ "set_nat", op_set_nat },
 };
 
 /* ---- the request -------------------------------------------------------- */
@@ -439,6 +502,8 @@ struct lb_proto_server *lb_proto_server_new(const struct lb_dataplane_ops *ops, 
 	srv->st.config = *cfg;
 	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++)
 		srv->st.backends[i].state = LB_BACKEND_UNUSED;
+	/* What the data plane starts with by itself: never written from here. */
+	lb_proto_nat_defaults(&srv->st.nat);
 	return srv;
 }
 
@@ -475,9 +540,16 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 {
 	__u32 rs = srv->st.config.ring_size;
 	__u32 *rings[LB_MAX_VIPS] = { 0 };
+	char why[LB_CODEC_ERR_LEN];
 
 	if (st->config.ring_size != rs) {
 		snprintf(err, errlen, "ring_size %u, expected %u", st->config.ring_size, rs);
+		return -EINVAL;
+	}
+	/* Without NAT mode st->nat means nothing (the plane has none to read);
+	 * with it, it must be what set_nat would take. */
+	if (has_nat(srv) && lb_proto_nat_check(&st->nat, why, sizeof(why))) {
+		snprintf(err, errlen, "NAT configuration: %s", why);
 		return -EINVAL;
 	}
 	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++) {
@@ -507,8 +579,22 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 		if ((v->key.proto != 6 && v->key.proto != 17) || v->key.port == 0 ||
 		    !lb_codec_valid_addr(&v->key.addr, v->key.family) ||
 		    (v->tunnel_family && !lb_codec_valid_addr(&v->tunnel_src, v->tunnel_family)) ||
-		    v->mode != LB_MODE_DSR || !st->rings[i]) {
-			snprintf(err, errlen, "VIP %u: bad key or mode", i);
+		    !st->rings[i]) {
+			snprintf(err, errlen, "VIP %u: bad key", i);
+			return -EINVAL;
+		}
+		/* set_vip's mode rules: DSR, or NAT (IPv4) where the plane has it. */
+		if (v->mode != LB_MODE_DSR &&
+		    (v->mode != LB_MODE_NAT || !has_nat(srv) || v->key.family != LB_FAMILY_V4)) {
+			snprintf(err, errlen, "VIP %u: mode %u (family %u) not served", i, v->mode,
+				 v->key.family);
+			return -EINVAL;
+		}
+		if ((v->nat_flags & ~LB_VIP_F_SNAT) ||
+		    (v->nat_flags && (v->mode != LB_MODE_NAT || st->nat.snat_naddrs == 0))) {
+			snprintf(err, errlen, "VIP %u: nat_flags 0x%x with mode %u and %u SNAT "
+				 "addresses", i, v->nat_flags, v->mode,
+				 has_nat(srv) ? st->nat.snat_naddrs : 0);
 			return -EINVAL;
 		}
 		for (__u32 s = 0; s < rs; s++) {
@@ -539,5 +625,7 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 	}
 	srv->st.config = st->config;
 	memcpy(srv->st.backends, st->backends, sizeof(srv->st.backends));
+	if (has_nat(srv))
+		srv->st.nat = st->nat;
 	return 0;
 }

@@ -4,17 +4,19 @@
  *
  *   hpclb-dpdk [EAL options] -- --port DEV[:TAP] [--port DEV[:TAP]]...
  *              [--socket ENDPOINT] [--ring-size PRIME] [--flow-table-size N]
- *              [--flow-timeout S] [--netns NAME] [--idle-sleep-us N]
- *              [--numa strict|warn] [--log-level L]
+ *              [--flow-timeout S] [--conn-table-size N] [--netns NAME]
+ *              [--idle-sleep-us N] [--numa strict|warn] [--log-level L]
  *
  * The main lcore serves the table protocol (lb_proto_ops.c) as hpclb-xdp
  * does, with the same options, signals and control channel (lb_daemon.c),
  * and registers the telemetry commands; every other lcore of the EAL core
  * list is a worker (fwd_worker.c). Tables are swapped under RCU
- * (fwd_tables.c), so serving a request never stops a worker. The control
- * plane renders the EAL options from its templates.
+ * (fwd_tables.c), so serving a request never stops a worker. NAT mode's
+ * connection table (fwd_conn.c, --conn-table-size entries) is one for all
+ * workers. The control plane renders the EAL options from its templates.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +54,7 @@ struct opts {
 	const char *netns;
 	__u32 flow_table_size;
 	__u32 flow_timeout_s;
+	__u32 conn_table_size; /* NAT connection-table entries, all workers together */
 	__u32 idle_sleep_us;
 	bool numa_strict;
 };
@@ -61,14 +64,17 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: " PROG " [EAL options] -- --port DEV[:TAP]... [--socket ENDPOINT]\n"
 		"       [--ring-size PRIME] [--flow-table-size N] [--flow-timeout S]\n"
-		"       [--netns NAME] [--idle-sleep-us N] [--numa strict|warn]\n"
+		"       [--conn-table-size N] [--netns NAME] [--idle-sleep-us N]\n"
+		"       [--numa strict|warn]\n"
 		"       [--log-level error|warn|info|debug]\n"
 		"DEV is a DPDK device name (net_af_xdp0, 0000:3b:00.0), TAP the net_tap vdev\n"
 		"that is its exception path to the kernel. The first --port is port 0.\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
 		"--flow-table-size %u\n"
-		"          (per worker), --flow-timeout %u, --idle-sleep-us 0, --numa warn\n",
-		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S);
+		"          (per worker), --flow-timeout %u, --conn-table-size %u (entries, two\n"
+		"          per NAT connection, shared by the workers), --idle-sleep-us 0,\n"
+		"          --numa warn\n",
+		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S, LB_CONN_TABLE_DEFAULT);
 }
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -79,6 +85,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		LB_DAEMON_OPTION_RING_SIZE,
 		{ "flow-table-size", required_argument, NULL, 'f' },
 		{ "flow-timeout", required_argument, NULL, 't' },
+		{ "conn-table-size", required_argument, NULL, 'C' },
 		{ "netns", required_argument, NULL, 'n' },
 		{ "idle-sleep-us", required_argument, NULL, 'i' },
 		{ "numa", required_argument, NULL, 'N' },
@@ -92,6 +99,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	lb_daemon_opts_init(&o->common);
 	o->flow_table_size = DEFAULT_FLOWS;
 	o->flow_timeout_s = DEFAULT_FLOW_TIMEOUT_S;
+	o->conn_table_size = LB_CONN_TABLE_DEFAULT;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -118,6 +126,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			if (lb_parse_u32(optarg, &o->flow_timeout_s) || o->flow_timeout_s < 1 ||
 			    o->flow_timeout_s > 86400) {
 				lb_log(LB_LOG_ERR, "--flow-timeout must be 1..86400 seconds");
+				return -1;
+			}
+			break;
+		case 'C':
+			/* Even: two entries per connection, so "full" is exact. */
+			if (lb_parse_u32(optarg, &o->conn_table_size) ||
+			    o->conn_table_size < LB_CONN_TABLE_MIN ||
+			    o->conn_table_size > LB_CONN_TABLE_MAX || o->conn_table_size % 2) {
+				lb_log(LB_LOG_ERR, "--conn-table-size must be an even number in "
+				       "%u..%u, got '%s'", LB_CONN_TABLE_MIN, LB_CONN_TABLE_MAX,
+				       optarg);
 				return -1;
 			}
 			break;
@@ -172,8 +191,8 @@ static int split_args(int argc, char **argv)
 	return argc;
 }
 
-static const char *const capabilities[] = { "dsr", "patch_ring", "redirect", "arp_reply",
-					    "rcu_tables", NULL };
+static const char *const capabilities[] = { "dsr", "nat", "patch_ring", "redirect",
+					    "arp_reply", "rcu_tables", NULL };
 
 static struct fwd_context ctx;
 static struct fwd_port *ports_for_stats;
@@ -210,6 +229,8 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 		w->idle_sleep_us = o->idle_sleep_us;
 		w->stop = &lb_daemon_stop;
 		w->counters = ctx.counters[i];
+		w->conns = ctx.conns;
+		fwd_conn_sweep_init(ctx.conns, &w->conn_sweep, i, n);
 		snprintf(name, sizeof(name), "hpclb_flows_%u", i);
 		rc = fwd_flow_init(&w->flows, name, o->flow_table_size, timeout_tsc, socket);
 		if (rc) {
@@ -306,11 +327,25 @@ int main(int argc, char **argv)
 		lb_log(LB_LOG_ERR, "counters: out of hugepage memory");
 		goto out;
 	}
+	/* One connection table for every worker (fwd_conn.h says why), on the
+	 * first port's node like the tables. */
+	ctx.conns = rte_zmalloc("hpclb_conn_table", sizeof(*ctx.conns), RTE_CACHE_LINE_SIZE);
+	rc = ctx.conns ? fwd_conn_init(ctx.conns, "hpclb_conns", o.conn_table_size, nworkers,
+				       ctx.store.qsbr, o.ports[0].socket_id)
+		       : -ENOMEM;
+	if (rc) {
+		lb_log(LB_LOG_ERR, "NAT connection table (%u entries): %s", o.conn_table_size,
+		       strerror(-rc));
+		rte_free(ctx.conns);
+		ctx.conns = NULL;
+		goto out;
+	}
 
 	memset(&info, 0, sizeof(info));
 	info.dataplane = "dpdk";
 	info.attach_mode = "poll";
 	info.capabilities = capabilities;
+	info.conn_table_size = o.conn_table_size;
 	info.nports = o.nports;
 	for (unsigned int p = 0; p < o.nports; p++)
 		fwd_port_info(&o.ports[p], &info.ports[p]);
@@ -332,8 +367,9 @@ int main(int argc, char **argv)
 	tview.workers = workers;
 	if (fwd_telemetry_register(&tview))
 		lb_log(LB_LOG_WARN, "registering the telemetry commands failed");
-	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker",
-	       nworkers, o.nports, o.common.ring_size, o.flow_table_size);
+	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker, "
+	       "%u NAT connection entries", nworkers, o.nports, o.common.ring_size,
+	       o.flow_table_size, o.conn_table_size);
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	clock_gettime(CLOCK_MONOTONIC, &t_ready);
 	lb_log(LB_LOG_INFO, "start-up: main at %lld.%06ld, EAL init %.1f ms, ports %.1f ms, "
@@ -353,6 +389,10 @@ out:
 		fwd_ports_stop(o.ports, o.nports);
 	for (unsigned int i = 0; i < nworkers; i++)
 		fwd_flow_free(&workers[i].flows);
+	if (ctx.conns) {
+		fwd_conn_free(ctx.conns);
+		rte_free(ctx.conns);
+	}
 	if (ctx.store.current)
 		fwd_store_free(&ctx.store);
 	if (eal_up)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
  * fwd_packet.h - what the forwarder does with one frame: the same decisions
- * as lb.bpf.c (control/hpclb/contract/model.py is the reference for both), plus the
- * ARP replies for VIP addresses that XDP leaves to the kernel.
+ * as lb.bpf.c (control/hpclb/contract/model.py is the reference for both),
+ * DSR and NAT mode (lb_conn.h), plus the ARP replies for VIP and SNAT pool
+ * addresses that XDP leaves to the kernel.
  *
  * No I/O here: the worker hands a frame in and gets a verdict back, with the
  * frame rewritten in place when it is forwarded or answered.
@@ -23,6 +24,7 @@ enum fwd_verdict {
 struct fwd_packet_ctx {
 	const struct fwd_tables *tables;
 	struct fwd_flow_table *flows;
+	struct fwd_conn_table *conns; /* NAT connections (shared by the workers), or NULL */
 	struct fwd_counters *counters;
 	const __u8 (*port_macs)[6]; /* source MAC of each port, by port index */
 	__u32 nports;

@@ -54,6 +54,8 @@ static void rebuild_vip_index(struct fwd_tables *t)
 			slot->key = *k;
 			slot->vip_id = v;
 			slot->mode = t->vip_modes[v];
+			slot->nat_flags = t->vip_nat_flags[v];
+			slot->nat_port = t->vip_nat_ports[v];
 			slot->used = 1;
 			break;
 		}
@@ -100,6 +102,8 @@ static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_v
 			next->vip_used[v] = false;
 	next->vip_keys[vip->vip_id] = *key;
 	next->vip_modes[vip->vip_id] = vip->mode;
+	next->vip_nat_flags[vip->vip_id] = vip->nat_flags;
+	next->vip_nat_ports[vip->vip_id] = vip->nat_port;
 	next->vip_used[vip->vip_id] = true;
 	rebuild_vip_index(next);
 	publish(&c->store, next);
@@ -236,6 +240,38 @@ static int op_read_stats(void *ctx, struct lb_counter *global, struct lb_counter
 	return 0;
 }
 
+static int op_set_nat(void *ctx, const struct lb_nat_config *nat)
+{
+	struct fwd_context *c = ctx;
+	struct fwd_tables *next;
+
+	/* The server validated it; the fast path still bounds its loops by
+	 * LB_MAX_SNAT_ADDRS, so a bad count cannot take it past the array. */
+	if (nat->snat_naddrs > LB_MAX_SNAT_ADDRS)
+		return -EINVAL;
+	next = clone_tables(&c->store);
+	if (!next)
+		return -ENOMEM;
+	next->nat = *nat;
+	publish(&c->store, next);
+	return 0;
+}
+
+/* The table's figures: live entries are the table's own count, the rest the
+ * workers' deltas summed. */
+static int op_read_conns(void *ctx, struct lb_conn_stats *out)
+{
+	struct fwd_context *c = ctx;
+	const struct fwd_conn_figures *figs[RTE_MAX_LCORE];
+
+	if (!c->conns || c->nworkers > RTE_MAX_LCORE)
+		return -ENODEV;
+	for (unsigned int w = 0; w < c->nworkers; w++)
+		figs[w] = &c->counters[w]->conns;
+	fwd_conn_read(c->conns, figs, c->nworkers, out);
+	return 0;
+}
+
 const struct lb_dataplane_ops fwd_tables_ops = {
 	.set_config = op_set_config,
 	.set_vip = op_set_vip,
@@ -244,6 +280,8 @@ const struct lb_dataplane_ops fwd_tables_ops = {
 	.write_ring = op_write_ring,
 	.patch_ring = op_patch_ring,
 	.read_stats = op_read_stats,
+	.set_nat = op_set_nat,
+	.read_conns = op_read_conns,
 };
 
 int fwd_store_init(struct fwd_table_store *s, const struct lb_config *cfg,
@@ -264,6 +302,7 @@ int fwd_store_init(struct fwd_table_store *s, const struct lb_config *cfg,
 		return -ENOMEM;
 	}
 	t->config = *cfg;
+	lb_proto_nat_defaults(&t->nat); /* the server's too until set_nat */
 	for (__u32 b = 0; b < LB_MAX_BACKENDS; b++)
 		t->backends[b].state = LB_BACKEND_UNUSED;
 	s->current = t;

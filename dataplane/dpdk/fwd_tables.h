@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <rte_rcu_qsbr.h>
 
+#include "fwd_conn.h"
 #include "lb_proto.h"
 
 /* Open-addressed VIP index: twice LB_MAX_VIPS, so a probe sequence is short. */
@@ -29,9 +30,12 @@
 struct fwd_vip_slot {
 	struct lb_vip_key key;
 	__u32 vip_id;
-	__u8 mode;
+	__u8 mode;      /* enum lb_vip_mode */
 	__u8 used;
-	__u8 pad[2];
+	__u8 nat_flags; /* LB_VIP_F_* */
+	__u8 pad;
+	__be16 nat_port; /* NAT mode's backend port, network order (0 = the VIP's port) */
+	__u16 pad2;
 };
 
 struct fwd_tables {
@@ -43,9 +47,16 @@ struct fwd_tables {
 	struct fwd_vip_slot vip_index[FWD_VIP_INDEX_SIZE];
 	struct lb_vip_key vip_keys[LB_MAX_VIPS]; /* by vip_id, for rebuilding the index */
 	__u8 vip_modes[LB_MAX_VIPS];
+	__u8 vip_nat_flags[LB_MAX_VIPS];
+	__be16 vip_nat_ports[LB_MAX_VIPS];
 	bool vip_used[LB_MAX_VIPS];
 	__u32 arp_addrs[LB_MAX_VIPS]; /* distinct IPv4 VIP addresses the forwarder answers ARP for */
 	__u32 n_arp_addrs;
+	/* NAT mode's settings (set_nat): the SNAT pool (whose addresses ARP is
+	 * answered for too), the port range, the down policy, the timeouts the
+	 * workers' sweep applies. A swap like any other change: a packet sees
+	 * one configuration whole. */
+	struct lb_nat_config nat;
 	struct lb_backend backends[LB_MAX_BACKENDS];
 	__u32 *rings[LB_MAX_VIPS]; /* ring_size slots each, NULL while the VIP has none */
 };
@@ -66,12 +77,14 @@ struct fwd_counters {
 	struct lb_counter global[LB_STAT_MAX];
 	struct lb_counter vips[LB_MAX_VIPS];
 	struct lb_counter backends[LB_MAX_BACKENDS];
+	struct fwd_conn_figures conns; /* this worker's part of the connection figures */
 } __attribute__((aligned(64)));
 
 struct fwd_context {
 	struct fwd_table_store store;
 	struct fwd_counters **counters; /* one per worker */
 	unsigned int nworkers;
+	struct fwd_conn_table *conns;   /* NAT connections, shared by the workers (fwd_conn.h) */
 };
 
 extern const struct lb_dataplane_ops fwd_tables_ops; /* ctx = struct fwd_context * */
@@ -126,6 +139,15 @@ static inline bool fwd_is_vip_addr(const struct fwd_tables *t, __u32 addr)
 {
 	for (__u32 i = 0; i < t->n_arp_addrs && i < LB_MAX_VIPS; i++)
 		if (t->arp_addrs[i] == addr)
+			return true;
+	return false;
+}
+
+/* An address of the SNAT pool: backends' replies come back to it. */
+static inline bool fwd_is_snat_addr(const struct fwd_tables *t, __u32 addr)
+{
+	for (__u32 i = 0; i < t->nat.snat_naddrs && i < LB_MAX_SNAT_ADDRS; i++)
+		if (t->nat.snat_addrs[i] == addr)
 			return true;
 	return false;
 }

@@ -60,6 +60,10 @@ static void stats(struct rte_tel_data *d)
 	rte_tel_data_add_dict_u64(d, "flow_pin_failures", pin_failures);
 	rte_tel_data_add_dict_u64(d, "table_swaps",
 				  __atomic_load_n(&view->ctx->store.swaps, __ATOMIC_RELAXED));
+	if (view->ctx->conns) {
+		rte_tel_data_add_dict_u64(d, "conn_capacity", view->ctx->conns->capacity);
+		rte_tel_data_add_dict_u64(d, "conn_entries", fwd_conn_count(view->ctx->conns));
+	}
 	rte_tel_data_add_dict_u64(d, "workers", view->ctx->nworkers);
 	rte_tel_data_add_dict_u64(d, "tsc_hz", rte_get_tsc_hz());
 }

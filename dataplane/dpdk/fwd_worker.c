@@ -9,7 +9,7 @@
 
 #define BURST 32
 #define EXPIRE_EVERY 16     /* loop iterations between two expiry slices */
-#define EXPIRE_BUDGET 32    /* table positions looked at per slice */
+#define EXPIRE_BUDGET 32    /* table positions looked at per slice (each table) */
 #define IDLE_LOOPS 256      /* empty loops before an idle worker sleeps */
 
 struct tx_buffer {
@@ -108,6 +108,7 @@ int fwd_worker_main(void *arg)
 	__u64 hz = rte_get_tsc_hz(), loops = 0, idle = 0, started = rte_rdtsc();
 	struct fwd_packet_ctx c = {
 		.flows = &w->flows,
+		.conns = w->conns,
 		.counters = w->counters,
 		.port_macs = w->port_macs,
 		.nports = w->nports,
@@ -124,10 +125,18 @@ int fwd_worker_main(void *arg)
 		c.tables = fwd_tables_current(w->store);
 		c.now_tsc = tsc;
 		c.now_ns = (__u64)((double)tsc * 1e9 / (double)hz);
+		bool expire = ++loops % EXPIRE_EVERY == 0;
+
 		for (unsigned int p = 0; p < w->nports; p++) {
 			got += data_burst(w, &c, p);
 			got += kernel_burst(w, p);
 		}
+		/* Before the quiescent state: the sweep reads the timeouts from
+		 * this loop's tables. Skipped while the table is empty, which
+		 * keeps DSR-only loops as they were. */
+		if (expire && w->conns && !fwd_conn_at_rest(w->conns))
+			fwd_conn_expire(w->conns, &w->counters->conns, &w->conn_sweep,
+					c.tables->nat.timeouts_s, c.now_ns, EXPIRE_BUDGET);
 		rte_rcu_qsbr_quiescent(qsbr, w->index);
 		if (got) {
 			w->busy_cycles += rte_rdtsc() - tsc;
@@ -135,7 +144,7 @@ int fwd_worker_main(void *arg)
 			w->frames += got;
 		}
 		w->total_cycles = rte_rdtsc() - started;
-		if (++loops % EXPIRE_EVERY == 0)
+		if (expire)
 			fwd_flow_expire(&w->flows, tsc, EXPIRE_BUDGET);
 		idle = got ? 0 : idle + 1;
 		if (w->idle_sleep_us && idle >= IDLE_LOOPS) {

@@ -3,7 +3,7 @@
  * fwd_worker.h - a worker lcore: RX bursts from its queue of every port,
  * fwd_packet() on each frame, TX bursts out, the exception path both ways,
  * and between bursts a quiescent state for the table store and a slice of
- * flow expiry.
+ * flow and NAT connection expiry.
  */
 #ifndef HPCLB_FWD_WORKER_H
 #define HPCLB_FWD_WORKER_H
@@ -21,6 +21,8 @@ struct fwd_worker {
 	unsigned int lcore;
 	struct fwd_table_store *store;
 	struct fwd_flow_table flows;
+	struct fwd_conn_table *conns;     /* shared by every worker (fwd_conn.h) */
+	struct fwd_conn_sweep conn_sweep; /* this worker's share of its idle sweep */
 	struct fwd_counters *counters;
 	const struct fwd_port *ports;
 	unsigned int nports;

@@ -25,6 +25,20 @@
  * (a non-first fragment carries no ports, so it cannot be balanced
  * consistently with its head). IP options are skipped using the IHL.
  * control/hpclb/contract/model.py is the reference for all of this.
+ *
+ * NAT mode (a VIP with mode LB_MODE_NAT): the stateful gateway of
+ * lb_conn.h, whose header comment is the specification followed here step by
+ * step (the connection table conn_map, two entries per connection; the
+ * embryonic FIFO conn_fifo; the settings nat_config_map). Replies come back
+ * through the gateway, on whichever port the backend is behind, so the daemon
+ * attaches this program to every port; a frame's ingress port is the
+ * port_map entry whose ifindex is ctx->ingress_ifindex (port 0 when none is:
+ * a BPF_PROG_TEST_RUN without a context runs "on" the loopback device, and
+ * the model's frames arrive on port 0). A frame leaves by XDP_TX when its
+ * egress port is its ingress port, else through tx_devmap.
+ * The DSR path costs what it did: one more comparison (the VIP's mode) on a
+ * value already loaded. Traffic for no VIP costs one connection lookup, and
+ * only while nat_active says NAT mode is in use (below).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -33,6 +47,7 @@
 #include "lb_hash.h"
 #include "lb_parse.h"
 #include "lb_rewrite.h"
+#include "lb_conn.h"
 
 /* Every VIP of either family under the contract's key: the table the daemon
  * writes and a restarted daemon adopts (xdp_tables.c). The fast path does not
@@ -130,6 +145,49 @@ struct {
 	__uint(max_entries, LB_MAX_BACKENDS);
 } backend_stats_map SEC(".maps");
 
+/* ---- NAT mode's maps (lb_tables.h "NAT mode: the connection table") ---- */
+
+/* The connection table: two entries per connection, each keyed by the
+ * 5-tuple its direction carries on the wire. Preallocated (the default for a
+ * hash map): an insert into a full table fails at once with -E2BIG instead of
+ * allocating, which is the "no room" lb_conn.h evicts on, and the capacity is
+ * exactly max_entries. Sized by the daemon before load (--conn-table-size). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_flow_key_v4);
+	__type(value, struct lb_conn);
+	__uint(max_entries, LB_CONN_TABLE_DEFAULT);
+} conn_map SEC(".maps");
+
+/* The original keys of embryonic connections in creation order (lb_conn.h
+ * "Full table": "a FIFO of the table's size", conn_map's max_entries, set by
+ * the daemon; the model's conn_fifo holds as many, and the conformance suite
+ * tells the two readings apart). Keys of connections since gone, established
+ * or rescheduled stay in it until taken. A push onto a full FIFO drops its
+ * oldest key (BPF_EXIST), as the model's does: the FIFO only names
+ * candidates, each checked again when taken. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__type(value, struct lb_flow_key_v4);
+	__uint(max_entries, LB_CONN_TABLE_DEFAULT);
+} conn_fifo SEC(".maps");
+
+/* The NAT settings (protocol op set_nat), written by the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_nat_config);
+	__uint(max_entries, 1);
+} nat_config_map SEC(".maps");
+
+/* Non-zero while NAT mode may have connections: a NAT VIP is configured, or
+ * the table still holds entries of one that was. The daemon sets it before it
+ * writes a NAT VIP and clears it only when neither holds (xdp_conns.c), so a
+ * frame for no VIP skips the connection lookup exactly when that lookup could
+ * only miss. A global (.bss, written by the daemon through the skeleton's
+ * mapping) costs one load, where a map would cost a lookup call. */
+volatile __u32 nat_active;
+
 static __always_inline void count(struct lb_counter *c, __u64 bytes)
 {
 	if (c) {
@@ -149,19 +207,12 @@ static __always_inline int backend_is(const struct lb_backend *b, __u8 state)
 	return b && b->state == state;
 }
 
-/* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
-static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip_id,
-					  const struct lb_flow_key_v4 *flow)
+/* First up backend among the probe slots of a flow whose hash is hash, or
+ * LB_NO_BACKEND; ring_size is cfg->ring_size, already checked to be >= 3. */
+static __always_inline __u32 pick_backend_hashed(__u32 ring_size, __u32 vip_id, __u64 hash)
 {
-	__u32 ring_size = cfg->ring_size;
-	__u64 hash;
 	__u32 n;
 
-	if (ring_size < 3)
-		return LB_NO_BACKEND;
-	/* An IPv4 flow (lb_untagged_ipv4_only): the IPv4 hash of its compact
-	 * key, the same value lb_flow_hash gives its struct lb_flow_key. */
-	hash = lb_flow_hash_v4_key(cfg->hash_key, flow);
 	for (n = 0; n < LB_RING_PROBES; n++) {
 		__u32 idx = vip_id * ring_size + lb_probe_slot(hash, ring_size, n);
 		__u32 *id = bpf_map_lookup_elem(&ring_map, &idx);
@@ -176,6 +227,19 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
 			return backend_id;
 	}
 	return LB_NO_BACKEND;
+}
+
+/* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
+static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip_id,
+					  const struct lb_flow_key_v4 *flow)
+{
+	__u32 ring_size = cfg->ring_size;
+
+	if (ring_size < 3)
+		return LB_NO_BACKEND;
+	/* An IPv4 flow (lb_untagged_ipv4_only): the IPv4 hash of its compact
+	 * key, the same value lb_flow_hash gives its struct lb_flow_key. */
+	return pick_backend_hashed(ring_size, vip_id, lb_flow_hash_v4_key(cfg->hash_key, flow));
 }
 
 /* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
@@ -204,6 +268,387 @@ static __always_inline void vip_key_v4(struct lb_vip_key_v4 *vkey,
 	vkey->pad = 0;
 }
 
+/* ---- NAT mode (lb_conn.h) ------------------------------------------------ */
+
+/* Errors a map update gives when the table has no room (lb_conn.h: evict);
+ * no <errno.h> in a BPF program. */
+#define LB_E2BIG 7
+#define LB_ENOMEM 12
+
+/* The loopback device's ifindex in every network namespace. */
+#define LB_LOOPBACK_IFINDEX 1
+
+/* What the NAT paths return instead of a verdict when the frame is to be
+ * translated and sent (XDP verdicts are >= 0). */
+#define NAT_FORWARD (-1)
+
+/* Where a translated frame goes and what it counts under. */
+struct nat_out {
+	__u32 port;       /* egress port index */
+	__u32 vip_id;     /* per-VIP counter */
+	__u32 backend_id; /* per-backend counter */
+	__u8 mac[6];      /* destination MAC */
+	__u8 pad[2];
+};
+
+/* The port index a frame arrived on: the port_map entry whose ifindex is the
+ * frame's, 0 when none is (a test run's loopback device; the top of this
+ * file says why). Only NAT mode asks: a connection remembers its client's
+ * port, and a frame leaves by XDP_TX only through the port it came in by. */
+static __always_inline __u32 ingress_port(const struct xdp_md *ctx)
+{
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 i;
+
+	for (i = 0; i < LB_MAX_PORTS; i++) {
+		struct lb_port *port = bpf_map_lookup_elem(&port_map, &i);
+
+		if (port && port->ifindex != 0 && port->ifindex == ifindex)
+			return i;
+	}
+	return 0;
+}
+
+/* Send a translated frame to out->mac through port out->port, with the
+ * source MAC of that port: XDP_TX when it is in_port, the port the frame
+ * arrived on, else through tx_devmap (whose slot 0 is the ingress interface,
+ * so that a reply arriving on a cluster-side port reaches a client on port
+ * 0). Counted as DSR counts: fwd_* (or drop_tx_error), the VIP's and the
+ * backend's. */
+static __always_inline int nat_send(__u32 in_port, void *data, void *data_end,
+				    const struct nat_out *out, __u64 len)
+{
+	struct lb_port *port;
+	__u32 port_idx = out->port, vip_id = out->vip_id, backend_id = out->backend_id;
+	long verdict;
+
+	port = bpf_map_lookup_elem(&port_map, &port_idx);
+	if (!port || port->ifindex == 0)
+		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+	if (lb_rewrite_macs(data, data_end, out->mac, port->mac))
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
+	if (port_idx == in_port) {
+		verdict = XDP_TX;
+		stat(LB_STAT_FWD_TX, len, 0);
+	} else {
+		verdict = bpf_redirect_map(&tx_devmap, port_idx, XDP_DROP);
+		if (verdict != XDP_REDIRECT)
+			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+		stat(LB_STAT_FWD_REDIRECT, len, 0);
+	}
+	count(bpf_map_lookup_elem(&vip_stats_map, &vip_id), len);
+	count(bpf_map_lookup_elem(&backend_stats_map, &backend_id), len);
+	return (int)verdict;
+}
+
+static __always_inline int same_flow(const struct lb_flow_key_v4 *a, const struct lb_flow_key_v4 *b)
+{
+	return a->saddr == b->saddr && a->daddr == b->daddr && a->sport == b->sport &&
+	       a->dport == b->dport && a->proto == b->proto;
+}
+
+/* Delete the connection of the entry under key, whose peer is peer (a copy:
+ * the entry is gone after the first delete): both entries. The peer's only
+ * while it still names key: a reply key another connection has since taken
+ * over is that connection's. */
+static __always_inline void conn_delete(const struct lb_flow_key_v4 *key,
+					const struct lb_flow_key_v4 *peer)
+{
+	struct lb_conn *pc = bpf_map_lookup_elem(&conn_map, peer);
+
+	bpf_map_delete_elem(&conn_map, key);
+	if (pc && same_flow(&pc->peer, key))
+		bpf_map_delete_elem(&conn_map, peer);
+}
+
+/* lb_conn.h "Full table": take up to LB_CONN_EVICT_TRIES keys from the
+ * FIFO's head and evict the first that is still an embryonic connection's
+ * original key (both entries). 1 when one was evicted. The keys taken are
+ * gone from the FIFO whatever they named. */
+static __always_inline int conn_evict_one(void)
+{
+	struct lb_flow_key_v4 key, peer;
+	struct lb_conn *c;
+	__u32 i;
+
+	for (i = 0; i < LB_CONN_EVICT_TRIES; i++) {
+		if (bpf_map_pop_elem(&conn_fifo, &key))
+			return 0; /* empty */
+		c = bpf_map_lookup_elem(&conn_map, &key);
+		if (!c || c->dir != LB_CONN_ORIG || !lb_conn_embryonic(c->state))
+			continue;
+		peer = c->peer;
+		conn_delete(&key, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+/* Insert a new connection: the original entry first, then the reply entry
+ * (keyed by orig->peer); both or none. 0, or the failing update's error. */
+static __always_inline long conn_insert(const struct lb_flow_key_v4 *key,
+					const struct lb_conn *orig, const struct lb_conn *reply)
+{
+	long err = bpf_map_update_elem(&conn_map, key, orig, BPF_ANY);
+
+	if (err)
+		return err;
+	err = bpf_map_update_elem(&conn_map, &orig->peer, reply, BPF_ANY);
+	if (err)
+		bpf_map_delete_elem(&conn_map, key);
+	return err;
+}
+
+/* A frame matching the reply entry c (lb_conn.h 2.): the state moves in the
+ * original entry (named by c's peer), the frame goes to the client's MAC out
+ * of the client's port, translated to c->peer reversed (from the VIP). Also
+ * taken when the reply's tuple happens to be a NAT VIP's (a SNAT address
+ * that is a VIP address): the frame is a reply all the same. */
+static __always_inline int nat_reply(const struct lb_conn *c, const struct lb_parsed *p,
+				     __u8 tcp_flags, __u64 len, struct nat_out *out,
+				     struct lb_flow_key_v4 *peer)
+{
+	struct lb_conn *o;
+
+	*peer = c->peer;
+	out->port = c->client_port;
+	out->vip_id = c->vip_id;
+	out->backend_id = c->backend_id;
+	__builtin_memcpy(out->mac, c->client_mac, LB_ETH_ALEN);
+	o = bpf_map_lookup_elem(&conn_map, peer);
+	if (o && o->dir == LB_CONN_ORIG) {
+		o->state = lb_conn_next_state(o->state, &o->fin_dirs, LB_CONN_REPLY, p->proto,
+					      tcp_flags);
+		o->last_seen_ns = bpf_ktime_get_ns();
+	}
+	stat(LB_STAT_CONN_REPLY, len, 0);
+	return NAT_FORWARD;
+}
+
+/* A TCP/UDP frame for a NAT VIP (lb_conn.h 1.). */
+static __always_inline int nat_to_vip(__u32 in_port, void *data, void *data_end,
+				      const struct lb_parsed *p, const struct lb_flow_key_v4 *key,
+				      const struct lb_vip_entry *vip, __u64 len,
+				      struct nat_out *out, struct lb_flow_key_v4 *peer)
+{
+	const struct lb_eth_hdr *eth = data;
+	struct lb_nat_config *nat;
+	struct lb_config *cfg;
+	struct lb_backend *backend;
+	struct lb_conn *c, oc, rc;
+	__u32 zero = 0, vip_id = vip->vip_id, backend_id, ring_size;
+	__u8 tcp_flags = lb_tcp_flags(data, data_end, p), open, cflags = 0;
+	__be16 bport;
+	__u64 hash;
+	long err;
+
+	cfg = bpf_map_lookup_elem(&config_map, &zero);
+	nat = bpf_map_lookup_elem(&nat_config_map, &zero);
+	if (!cfg || !nat || vip_id >= LB_MAX_VIPS)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+
+	c = bpf_map_lookup_elem(&conn_map, key);
+	if (c && c->dir == LB_CONN_REPLY)
+		return nat_reply(c, p, tcp_flags, len, out, peer);
+	if (c) {
+		backend_id = c->backend_id;
+		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
+		if (backend_is(backend, LB_BACKEND_UP) ||
+		    backend_is(backend, LB_BACKEND_DRAINING)) {
+			c->state = lb_conn_next_state(c->state, &c->fin_dirs, LB_CONN_ORIG,
+						      p->proto, tcp_flags);
+			c->last_seen_ns = bpf_ktime_get_ns();
+			*peer = c->peer;
+			out->port = backend->port ? backend->port : in_port;
+			out->vip_id = vip_id;
+			out->backend_id = backend_id;
+			__builtin_memcpy(out->mac, backend->mac, LB_ETH_ALEN);
+			stat(LB_STAT_CONN_HIT, len, 0);
+			return NAT_FORWARD;
+		}
+		/* Its backend is down (or gone). */
+		if (nat->on_backend_down == LB_NAT_DOWN_DROP)
+			return stat(LB_STAT_DROP_BACKEND_DOWN, len, XDP_DROP);
+		*peer = c->peer;
+		conn_delete(key, peer);
+		stat(LB_STAT_CONN_RESCHEDULE, len, 0);
+	}
+
+	/* A miss: may this frame open a connection, and to which backend. */
+	open = lb_conn_open_state(p->proto, tcp_flags);
+	if (open == LB_CONN_NO_STATE)
+		return stat(LB_STAT_DROP_CONN_INVALID, len, XDP_DROP);
+	ring_size = cfg->ring_size;
+	if (ring_size < 3)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+	hash = lb_flow_hash_v4_key(cfg->hash_key, key);
+	backend_id = pick_backend_hashed(ring_size, vip_id, hash);
+	backend = bpf_map_lookup_elem(&backend_map, &backend_id);
+	/* NAT mode is IPv4 only: an IPv6 backend has no address to DNAT to. */
+	if (!backend || backend->family != LB_FAMILY_V4)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+
+	/* The reply key: what the backend's answer will carry. It must be free
+	 * (neither an entry's key nor this connection's own original key): the
+	 * backend's replies to two connections sharing it could not be told
+	 * apart. With SNAT the first free candidate port is taken; without,
+	 * there is one candidate, and a taken one (one client address and port
+	 * through two VIPs onto one backend port) refuses the connection as an
+	 * exhausted SNAT range does (the model's rule). */
+	bport = vip->nat_port ? vip->nat_port : key->dport;
+	if (vip->nat_flags & LB_VIP_F_SNAT) {
+		__u32 naddrs = nat->snat_naddrs, idx, n;
+		__u16 pmin = nat->snat_port_min, pmax = nat->snat_port_max;
+
+		/* The server never lets a SNAT VIP be without a pool, nor a
+		 * range be empty; the checks are for the verifier and for a
+		 * map written by hand. */
+		if (naddrs == 0 || naddrs > LB_MAX_SNAT_ADDRS || pmin == 0 || pmin > pmax)
+			return stat(LB_STAT_DROP_SNAT_EXHAUSTED, len, XDP_DROP);
+		idx = lb_snat_addr_index(hash, naddrs);
+		/* idx < naddrs <= LB_MAX_SNAT_ADDRS, which clang knows and the
+		 * verifier (a modulo's result is unbounded to it) does not: hide
+		 * the value from clang so that the check stays. */
+		asm volatile("" : "+r"(idx));
+		if (idx >= LB_MAX_SNAT_ADDRS)
+			return stat(LB_STAT_DROP_SNAT_EXHAUSTED, len, XDP_DROP);
+		for (n = 0; n < LB_SNAT_PROBES; n++) {
+			__be16 sport = lb_htons(lb_snat_candidate(hash, n, pmin, pmax));
+
+			lb_conn_reply_key(peer, backend->addr.v4, bport, nat->snat_addrs[idx],
+					  sport, p->proto);
+			if (!same_flow(peer, key) && !bpf_map_lookup_elem(&conn_map, peer))
+				break;
+		}
+		if (n == LB_SNAT_PROBES)
+			return stat(LB_STAT_DROP_SNAT_EXHAUSTED, len, XDP_DROP);
+		cflags = LB_CONN_F_SNAT;
+	} else {
+		lb_conn_reply_key(peer, backend->addr.v4, bport, key->saddr, key->sport, p->proto);
+		if (same_flow(peer, key) || bpf_map_lookup_elem(&conn_map, peer))
+			return stat(LB_STAT_DROP_SNAT_EXHAUSTED, len, XDP_DROP);
+	}
+
+	/* Both entries: the original names the reply key, the reply the
+	 * original key; the client's MAC and port are where replies go. */
+	if (LB_PAST_END(eth, sizeof(*eth), data_end))
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
+	__builtin_memset(&oc, 0, sizeof(oc));
+	oc.peer = *peer;
+	oc.last_seen_ns = bpf_ktime_get_ns();
+	oc.backend_id = backend_id;
+	oc.vip_id = (__u8)vip_id;
+	oc.dir = LB_CONN_ORIG;
+	oc.state = open;
+	__builtin_memcpy(oc.client_mac, eth->src, LB_ETH_ALEN);
+	oc.client_port = (__u8)in_port;
+	oc.flags = cflags;
+	rc = oc;
+	rc.peer = *key;
+	rc.dir = LB_CONN_REPLY;
+	err = conn_insert(key, &oc, &rc);
+	if (err) {
+		/* No room: evict the oldest embryonic connection and retry once;
+		 * any other failure refuses at once. */
+		if ((err != -LB_E2BIG && err != -LB_ENOMEM) || !conn_evict_one())
+			return stat(LB_STAT_DROP_CONN_FULL, len, XDP_DROP);
+		stat(LB_STAT_CONN_EVICT, len, 0);
+		if (conn_insert(key, &oc, &rc))
+			return stat(LB_STAT_DROP_CONN_FULL, len, XDP_DROP);
+	}
+	if (lb_conn_embryonic(open))
+		bpf_map_push_elem(&conn_fifo, key, BPF_EXIST);
+	out->port = backend->port ? backend->port : in_port;
+	out->vip_id = vip_id;
+	out->backend_id = backend_id;
+	__builtin_memcpy(out->mac, backend->mac, LB_ETH_ALEN);
+	stat(LB_STAT_CONN_NEW, len, 0);
+	return NAT_FORWARD;
+}
+
+/* A TCP/UDP frame for a NAT VIP (vip set) or, while NAT mode is in use, for
+ * no VIP (vip NULL): translated to its entry's peer reversed and sent, or
+ * the verdict a path gave. */
+static __always_inline int nat_frame(const struct xdp_md *ctx, void *data, void *data_end,
+				     const struct lb_parsed *p, const struct lb_flow_key_v4 *key,
+				     const struct lb_vip_entry *vip, __u64 len)
+{
+	struct lb_flow_key_v4 peer;
+	struct lb_conn *c = NULL;
+	struct nat_out out;
+	__u32 in_port;
+	int rc;
+
+	/* For no VIP (lb_conn.h 2.): a reply entry, or the kernel's frame (no
+	 * entry, or an original entry whose VIP is gone), found before the
+	 * ingress port is searched for. */
+	if (!vip) {
+		c = bpf_map_lookup_elem(&conn_map, key);
+		if (!c || c->dir != LB_CONN_REPLY)
+			return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	}
+	in_port = ingress_port(ctx);
+	out.pad[0] = 0;
+	out.pad[1] = 0;
+	if (vip)
+		rc = nat_to_vip(in_port, data, data_end, p, key, vip, len, &out, &peer);
+	else
+		rc = nat_reply(c, p, lb_tcp_flags(data, data_end, p), len, &out, &peer);
+	if (rc != NAT_FORWARD)
+		return rc;
+	if (lb_conn_translate(data, data_end, p, key, &peer) != LB_NAT_OK)
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
+	return nat_send(in_port, data, data_end, &out, len);
+}
+
+/* An ICMP frame while NAT mode is in use (lb_conn.h 3.): an error quoting a
+ * packet of a connection goes back where that packet came from, its quote
+ * translated back; anything else is the kernel's. */
+static __always_inline int nat_icmp(const struct xdp_md *ctx, void *data, void *data_end,
+				    const struct lb_parsed *p, __u64 len)
+{
+	struct lb_flow_key_v4 key, orig;
+	struct lb_backend *backend;
+	struct lb_nat4_icmp ic;
+	struct nat_out out;
+	struct lb_conn *c;
+	__u32 in_port;
+
+	if (lb_nat4_icmp_parse(data, data_end, p, &ic) != LB_NAT_OK)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	lb_conn_icmp_key(&key, &ic);
+	c = bpf_map_lookup_elem(&conn_map, &key);
+	if (!c)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	in_port = ingress_port(ctx);
+	/* The quoted packet was sent as c's peer reversed; before translation
+	 * it was c's peer, and it came from that side's host. */
+	orig = c->peer;
+	out.pad[0] = 0;
+	out.pad[1] = 0;
+	out.vip_id = c->vip_id;
+	out.backend_id = c->backend_id;
+	if (c->dir == LB_CONN_REPLY) {
+		/* About a packet sent to the backend: for the client. */
+		out.port = c->client_port;
+		__builtin_memcpy(out.mac, c->client_mac, LB_ETH_ALEN);
+	} else {
+		/* About a reply sent to the client: for the backend, unless it
+		 * has left the tables (nowhere to send it). */
+		backend = bpf_map_lookup_elem(&backend_map, &out.backend_id);
+		if (!backend || backend->state == LB_BACKEND_UNUSED) {
+			stat(LB_STAT_NAT_ICMP, len, 0);
+			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+		}
+		out.port = backend->port ? backend->port : in_port;
+		__builtin_memcpy(out.mac, backend->mac, LB_ETH_ALEN);
+	}
+	if (lb_conn_icmp_translate(data, data_end, &ic, &orig) != LB_NAT_OK)
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
+	stat(LB_STAT_NAT_ICMP, len, 0);
+	return nat_send(in_port, data, data_end, &out, len);
+}
+
 SEC("xdp")
 int lb_xdp(struct xdp_md *ctx)
 {
@@ -228,6 +673,8 @@ int lb_xdp(struct xdp_md *ctx)
 	case LB_PARSE_NOT_IP:
 		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
 	case LB_PARSE_UNSUPPORTED_L4:
+		if (nat_active && pkt.proto == LB_IPPROTO_ICMP)
+			return nat_icmp(ctx, data, data_end, &pkt, len);
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	case LB_PARSE_FRAGMENT:
 		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
@@ -237,8 +684,10 @@ int lb_xdp(struct xdp_md *ctx)
 	flow_key_v4(&flow, &pkt);
 	vip_key_v4(&vkey, &flow);
 	vip = bpf_map_lookup_elem(&vip4_map, &vkey);
-	if (!vip)
+	if (!vip && !nat_active)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	if (!vip || vip->mode == LB_MODE_NAT)
+		return nat_frame(ctx, data, data_end, &pkt, &flow, vip, len);
 	cfg = bpf_map_lookup_elem(&config_map, &zero);
 	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
@@ -271,6 +720,20 @@ int lb_xdp(struct xdp_md *ctx)
 	port = bpf_map_lookup_elem(&port_map, &port_idx);
 	if (!port || port->ifindex == 0)
 		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+	/* Port 0: back out of the port the frame came in on (XDP_TX), with that
+	 * port's MAC. A DSR VIP's frames come in on port 0 (one compare); the
+	 * program being attached to every port for NAT mode, one may come in on
+	 * another, which the search finds. ifindex 1, the loopback device a
+	 * test run without a context runs on, is port 0 without the search, so
+	 * that such runs (perf/packet_cost.py) time the path traffic takes. */
+	if (port_idx == 0 && port->ifindex != ctx->ingress_ifindex &&
+	    ctx->ingress_ifindex != LB_LOOPBACK_IFINDEX) {
+		__u32 in_port = ingress_port(ctx);
+
+		port = bpf_map_lookup_elem(&port_map, &in_port);
+		if (!port)
+			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
+	}
 	if (lb_rewrite_macs(data, data_end, backend->mac, port->mac))
 		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
 	if (port_idx == 0) {

@@ -9,7 +9,14 @@
  * The program keeps forwarding with the last tables whatever happens to the
  * control plane: the daemon only answers requests. If a previous daemon died
  * without cleaning up, its pinned maps are reused (when compatible) and their
- * tables adopted, so forwarding does not blink across a restart.
+ * tables adopted, so forwarding does not blink across a restart: the NAT
+ * connection table, its FIFO and the NAT configuration too, so that no
+ * connection breaks either. A connection table pinned with another size
+ * (--conn-table-size changed) is replaced alone, the other tables adopted.
+ *
+ * The program is attached to every port (--iface and each --egress): in NAT
+ * mode the backends' replies arrive on the port they are behind. Frames for
+ * no VIP pass to the kernel, as they would without the program.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,6 +47,7 @@
 #include "lb_daemon.h"
 #include "lb_host.h"
 #include "lb_log.h"
+#include "xdp_conns.h"
 #include "xdp_tables.h"
 
 #define PROG "hpclb-xdp"
@@ -80,6 +88,7 @@ struct opts {
 	int negress;
 	const char *netns;
 	__u32 flow_table_size;
+	__u32 conn_table_size; /* NAT connection-table entries (two per connection) */
 	const char *xdp_mode;
 	char pin_dir[PATH_MAX - 64]; /* room for "/<map name>" */
 	int no_attach;
@@ -89,12 +98,15 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: " PROG " --iface IF [--egress IF]... [--netns NAME] [--socket ENDPOINT]\n"
-		"       [--ring-size PRIME] [--flow-table-size N] [--xdp-mode auto|native|generic]\n"
-		"       [--pin-dir DIR] [--no-attach] [--log-level error|warn|info|debug]\n"
+		"       [--ring-size PRIME] [--flow-table-size N] [--conn-table-size N]\n"
+		"       [--xdp-mode auto|native|generic] [--pin-dir DIR] [--no-attach]\n"
+		"       [--log-level error|warn|info|debug]\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
 		"--flow-table-size %u,\n"
-		"          --xdp-mode auto, --pin-dir /sys/fs/bpf/hpclb/<iface>\n",
-		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS);
+		"          --conn-table-size %u (even, %u..%u), --xdp-mode auto,\n"
+		"          --pin-dir /sys/fs/bpf/hpclb/<iface>\n",
+		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS, LB_CONN_TABLE_DEFAULT, LB_CONN_TABLE_MIN,
+		LB_CONN_TABLE_MAX);
 }
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -106,6 +118,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		LB_DAEMON_OPTION_SOCKET,
 		LB_DAEMON_OPTION_RING_SIZE,
 		{ "flow-table-size", required_argument, NULL, 'f' },
+		{ "conn-table-size", required_argument, NULL, 'C' },
 		{ "xdp-mode", required_argument, NULL, 'm' },
 		{ "pin-dir", required_argument, NULL, 'p' },
 		{ "no-attach", no_argument, NULL, 'A' },
@@ -118,6 +131,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	memset(o, 0, sizeof(*o));
 	lb_daemon_opts_init(&o->common);
 	o->flow_table_size = LB_MAX_FLOWS;
+	o->conn_table_size = LB_CONN_TABLE_DEFAULT;
 	o->xdp_mode = "auto";
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (c) {
@@ -140,6 +154,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			    o->flow_table_size > MAX_FLOWS_OPT) {
 				lb_log(LB_LOG_ERR, "--flow-table-size must be in 1..%u, got '%s'",
 				       MAX_FLOWS_OPT, optarg);
+				return -1;
+			}
+			break;
+		case 'C':
+			/* Even: a connection is two entries. */
+			if (lb_parse_u32(optarg, &o->conn_table_size) ||
+			    o->conn_table_size < LB_CONN_TABLE_MIN ||
+			    o->conn_table_size > LB_CONN_TABLE_MAX || (o->conn_table_size & 1)) {
+				lb_log(LB_LOG_ERR,
+				       "--conn-table-size must be even, in %u..%u, got '%s'",
+				       LB_CONN_TABLE_MIN, LB_CONN_TABLE_MAX, optarg);
 				return -1;
 			}
 			break;
@@ -269,6 +294,14 @@ static int pinned_kind(const struct bpf_map *m)
 	return !bpf_map__is_internal(m);
 }
 
+/* The maps --conn-table-size sizes: the connection table and its FIFO, which
+ * go together (the FIFO names the table's keys). A pinned pair of another
+ * size or layout is replaced alone: the other tables are still adopted. */
+static int conn_kind(const struct bpf_map *m)
+{
+	return !strcmp(bpf_map__name(m), "conn_map") || !strcmp(bpf_map__name(m), "conn_fifo");
+}
+
 /* dir is at most PATH_MAX - 64 (parse_args) and map names are short. */
 static void pin_path(char *buf, size_t len, const char *dir, const char *name)
 {
@@ -278,12 +311,13 @@ static void pin_path(char *buf, size_t len, const char *dir, const char *name)
 		buf[0] = '\0';
 }
 
-/* 1 when every map of the object has a compatible pin, 0 when none is
- * pinned, -1 when some pin is missing or differs (stale). */
+/* 1 when every map of the object has a compatible pin; 2 when every map but
+ * the connection maps (conn_kind) has one, those to be replaced; 0 when none
+ * is pinned; -1 when some other pin is missing or differs (stale). */
 static int check_pins(struct lb_bpf *skel, const char *dir)
 {
 	struct bpf_map *m;
-	int found = 0, missing = 0, bad = 0;
+	int found = 0, missing = 0, bad = 0, conn_stale = 0;
 
 	bpf_object__for_each_map(m, skel->obj) {
 		struct bpf_map_info info;
@@ -296,7 +330,10 @@ static int check_pins(struct lb_bpf *skel, const char *dir)
 		pin_path(path, sizeof(path), dir, bpf_map__name(m));
 		fd = bpf_obj_get(path);
 		if (fd < 0) {
-			missing++;
+			if (conn_kind(m))
+				conn_stale++;
+			else
+				missing++;
 			continue;
 		}
 		found++;
@@ -309,8 +346,16 @@ static int check_pins(struct lb_bpf *skel, const char *dir)
 		    info.value_size != bpf_map__value_size(m) ||
 		    info.max_entries != bpf_map__max_entries(m) ||
 		    info.map_flags != bpf_map__map_flags(m)) {
-			lb_log(LB_LOG_INFO, "pinned map %s does not match this program", path);
-			bad++;
+			if (conn_kind(m)) {
+				lb_log(LB_LOG_INFO,
+				       "pinned map %s has %u entries of %u bytes, this daemon "
+				       "%u of %u", path, info.max_entries, info.value_size,
+				       bpf_map__max_entries(m), bpf_map__value_size(m));
+				conn_stale++;
+			} else {
+				lb_log(LB_LOG_INFO, "pinned map %s does not match this program", path);
+				bad++;
+			}
 		}
 		close(fd);
 	}
@@ -321,7 +366,27 @@ static int check_pins(struct lb_bpf *skel, const char *dir)
 			lb_log(LB_LOG_INFO, "%d maps missing from %s", missing, dir);
 		return -1;
 	}
-	return 1;
+	return conn_stale ? 2 : 1;
+}
+
+/* Unpins the connection maps (check_pins gave 2): the next load makes them
+ * afresh, with this daemon's size, and pins them. */
+static void replace_conn_pins(struct lb_bpf *skel, const char *dir)
+{
+	struct bpf_map *m;
+
+	bpf_object__for_each_map(m, skel->obj) {
+		char path[PATH_MAX];
+
+		if (!pinned_kind(m) || !conn_kind(m))
+			continue;
+		pin_path(path, sizeof(path), dir, bpf_map__name(m));
+		if (unlink(path) < 0 && errno != ENOENT)
+			lb_log(LB_LOG_WARN, "unlink %s: %s", path, strerror(errno));
+	}
+	lb_log(LB_LOG_WARN, "replacing the pinned NAT connection table in %s (another "
+	       "--conn-table-size or layout): its connections are lost, the other tables kept",
+	       dir);
 }
 
 /* Makes the skeleton use the pinned maps (checked by check_pins). */
@@ -337,6 +402,8 @@ static int reuse_pins(struct lb_bpf *skel, const char *dir)
 			continue;
 		pin_path(path, sizeof(path), dir, bpf_map__name(m));
 		fd = bpf_obj_get(path);
+		if (fd < 0 && errno == ENOENT && conn_kind(m))
+			continue; /* replaced (check_pins gave 2): made and pinned by the load */
 		if (fd < 0)
 			return -errno;
 		err = bpf_map__reuse_fd(m, fd); /* dups fd */
@@ -347,8 +414,9 @@ static int reuse_pins(struct lb_bpf *skel, const char *dir)
 	return 0;
 }
 
-/* Pins the maps of a loaded skeleton (fresh start). */
-static int pin_maps(struct lb_bpf *skel, const char *dir)
+/* Pins the maps of a loaded skeleton: all (fresh start), or only those not
+ * pinned yet (reuse: the connection maps check_pins had replaced). */
+static int pin_maps(struct lb_bpf *skel, const char *dir, int only_unpinned)
 {
 	struct bpf_map *m;
 
@@ -359,6 +427,8 @@ static int pin_maps(struct lb_bpf *skel, const char *dir)
 		if (!pinned_kind(m))
 			continue;
 		pin_path(path, sizeof(path), dir, bpf_map__name(m));
+		if (only_unpinned && access(path, F_OK) == 0)
+			continue;
 		err = bpf_map__pin(m, path);
 		if (err) {
 			lb_log(LB_LOG_ERR, "pinning %s: %s", path, strerror(-err));
@@ -401,6 +471,10 @@ static struct lb_bpf *open_skel(const struct opts *o)
 	err = bpf_map__set_max_entries(skel->maps.ring_map, LB_MAX_VIPS * o->common.ring_size);
 	if (!err)
 		err = bpf_map__set_max_entries(skel->maps.flow_map, o->flow_table_size);
+	if (!err)
+		err = bpf_map__set_max_entries(skel->maps.conn_map, o->conn_table_size);
+	if (!err) /* lb_conn.h: "a FIFO of the table's size" */
+		err = bpf_map__set_max_entries(skel->maps.conn_fifo, o->conn_table_size);
 	if (err) {
 		lb_log(LB_LOG_ERR, "configuring the BPF object: %s", strerror(-err));
 		lb_bpf__destroy(skel);
@@ -454,9 +528,53 @@ static void detach(int ifindex, int prog_fd, __u32 flags, const char *iface)
 		lb_log(LB_LOG_INFO, "detached from %s", iface);
 }
 
+/* Which ports the program is attached to, and how. */
+struct attachment {
+	__u32 n;                     /* ports 0..n-1 attached */
+	__u32 flags[LB_MAX_PORTS];   /* XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE */
+	const char *names[LB_MAX_PORTS];
+};
+
+static void detach_all(struct attachment *a, const struct lb_proto_info *info, int prog_fd)
+{
+	while (a->n > 0) {
+		a->n--;
+		detach((int)info->ports[a->n].ifindex, prog_fd, a->flags[a->n], a->names[a->n]);
+	}
+}
+
+/* Attaches to every port, in port order: the ingress port as before, and the
+ * egress ports, where NAT mode's replies arrive. On a failure the ports
+ * already attached are detached again. */
+static int attach_all(struct attachment *a, const struct lb_proto_info *info, int prog_fd,
+		      const struct opts *o)
+{
+	memset(a, 0, sizeof(*a));
+	for (__u32 i = 0; i < info->nports; i++) {
+		a->names[i] = i ? o->egress[i - 1] : o->iface;
+		if (attach((int)info->ports[i].ifindex, prog_fd, a->names[i], o->xdp_mode,
+			   &a->flags[i])) {
+			detach_all(a, info, prog_fd);
+			return -1;
+		}
+		a->n = i + 1;
+	}
+	return 0;
+}
+
+/* hello's attach_mode: "native" only when every port is. */
+static const char *attach_mode_name(const struct attachment *a)
+{
+	for (__u32 i = 0; i < a->n; i++)
+		if (a->flags[i] != XDP_FLAGS_DRV_MODE)
+			return "generic";
+	return a->n ? "native" : "none";
+}
+
 /* ---- main -------------------------------------------------------------- */
 
-static const char *const capabilities[] = { "dsr", "patch_ring", "xdp_tx", "redirect", NULL };
+static const char *const capabilities[] = { "dsr", "patch_ring", "xdp_tx", "redirect", "nat",
+					    NULL };
 
 /* Server around the tables of pinned maps that outlived a previous daemon. */
 static struct lb_proto_server *adopt_tables(struct xdp_tables *t, const struct lb_proto_info *info,
@@ -506,8 +624,8 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 	if (!srv)
 		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 	else
-		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u)",
-		       o->common.ring_size, o->flow_table_size);
+		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u, connection "
+		       "table %u)", o->common.ring_size, o->flow_table_size, o->conn_table_size);
 	return srv;
 }
 
@@ -533,7 +651,7 @@ static int load_once(const struct opts *o, const struct lb_proto_info *info, int
 		lb_log(LB_LOG_ERR, "loading the BPF program: %s", strerror(-err));
 		goto fail;
 	}
-	if (!reuse && pin_maps(skel, o->pin_dir))
+	if (pin_maps(skel, o->pin_dir, reuse))
 		goto fail;
 	err = xdp_tables_open(t, skel, o->common.ring_size);
 	if (err) {
@@ -567,6 +685,10 @@ static int load(const struct opts *o, const struct lb_proto_info *info, struct l
 	if (!probe)
 		return -1;
 	reuse = check_pins(probe, o->pin_dir);
+	if (reuse == 2) {
+		replace_conn_pins(probe, o->pin_dir);
+		reuse = 1;
+	}
 	if (reuse == 1 && load_once(o, info, 1, skelp, t, srvp) == 0) {
 		lb_bpf__destroy(probe);
 		*adopted = 1;
@@ -583,13 +705,14 @@ static int load(const struct opts *o, const struct lb_proto_info *info, struct l
 int main(int argc, char **argv)
 {
 	static struct xdp_tables tables;
+	static struct xdp_conns conns;
 	struct lb_proto_server *srv = NULL;
 	struct lb_proto_info info;
 	struct lb_bpf *skel = NULL;
 	struct lb_daemon_ctl ctl = { 0 };
+	struct attachment att = { 0 };
 	char prog_pin[PATH_MAX], lock_path[PATH_MAX];
-	__u32 xdp_flags = 0;
-	int attached = 0, adopted = 0, ret = 1, prog_fd = -1, lock_fd, err;
+	int adopted = 0, ret = 1, prog_fd = -1, lock_fd, err;
 	struct opts o;
 
 	lb_log_init(PROG);
@@ -606,6 +729,7 @@ int main(int argc, char **argv)
 	info.dataplane = "xdp";
 	info.attach_mode = "none";
 	info.capabilities = capabilities;
+	info.conn_table_size = o.conn_table_size;
 	info.nports = 1 + (__u32)o.negress;
 	if (lb_get_port(o.iface, &info.ports[0]))
 		return 1;
@@ -624,6 +748,23 @@ int main(int argc, char **argv)
 		return 1;
 	if (load(&o, &info, &skel, &tables, &srv, &adopted))
 		goto out;
+	/* The sweeper, with the timeouts of the NAT configuration in force
+	 * (adopted, or the defaults fresh tables start with). */
+	err = xdp_conns_init(&conns, tables.conn_fd, tables.vip4_fd, &skel->bss->nat_active,
+			     lb_proto_server_state(srv)->nat.timeouts_s);
+	if (err) {
+		lb_log(LB_LOG_ERR, "opening the NAT connection table: %s", strerror(-err));
+		goto out;
+	}
+	tables.conns = &conns;
+	/* This program instance's nat_active starts clear; adopted tables may
+	 * hold NAT VIPs and connections. */
+	xdp_conns_refresh_active(&conns);
+	err = xdp_conns_start(&conns);
+	if (err) {
+		lb_log(LB_LOG_ERR, "starting the NAT connection sweeper: %s", strerror(-err));
+		goto out;
+	}
 	err = xdp_tables_set_ports(&tables, info.ports, info.nports);
 	if (err) {
 		lb_log(LB_LOG_ERR, "writing port_map/tx_devmap: %s", strerror(-err));
@@ -642,10 +783,9 @@ int main(int argc, char **argv)
 	if (lb_daemon_ctl_open(&ctl, o.common.socket))
 		goto out;
 	if (!o.no_attach) {
-		if (attach((int)info.ports[0].ifindex, prog_fd, o.iface, o.xdp_mode, &xdp_flags))
+		if (attach_all(&att, &info, prog_fd, &o))
 			goto out;
-		attached = 1;
-		info.attach_mode = xdp_flags == XDP_FLAGS_DRV_MODE ? "native" : "generic";
+		info.attach_mode = attach_mode_name(&att);
 		lb_proto_server_set_info(srv, &info);
 	}
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
@@ -653,8 +793,7 @@ int main(int argc, char **argv)
 		ret = 0;
 out:
 	lb_daemon_ctl_close(&ctl);
-	if (attached)
-		detach((int)info.ports[0].ifindex, prog_fd, xdp_flags, o.iface);
+	detach_all(&att, &info, prog_fd);
 	if (skel && ret && adopted)
 		lb_log(LB_LOG_WARN, "keeping the adopted pins in %s for the next start", o.pin_dir);
 	if (skel && (ret == 0 || !adopted)) {
@@ -664,6 +803,8 @@ out:
 		else
 			lb_log(LB_LOG_INFO, "unpinned %s", o.pin_dir);
 	}
+	xdp_conns_fini(&conns); /* before the maps it walks go */
+	tables.conns = NULL;
 	lb_proto_server_free(srv);
 	xdp_tables_close(&tables);
 	lb_bpf__destroy(skel);

@@ -32,6 +32,7 @@
 #include <linux/bpf.h>
 
 #include "lb.skel.h"
+#include "xdp_conns.h"
 #include "xdp_tables.h"
 
 #ifndef ENOTSUPP
@@ -142,11 +143,17 @@ static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_v
 {
 	struct xdp_tables *t = ctx;
 	struct lb_vip_key_v4 k4;
-	int err;
+	int nat = vip->mode == LB_MODE_NAT && t->conns, err;
 
+	/* A NAT VIP: the program must look up the replies of its connections
+	 * (nat_active) before its first connection can exist. */
+	if (nat)
+		xdp_conns_nat_vip_begin(t->conns);
 	err = bpf_map_update_elem(t->vip_fd, key, vip, BPF_ANY);
 	if (!err && vip4_key(key, &k4))
 		err = bpf_map_update_elem(t->vip4_fd, &k4, vip, BPF_ANY);
+	if (nat)
+		xdp_conns_nat_vip_end(t->conns);
 	return err;
 }
 
@@ -265,6 +272,28 @@ static int op_read_stats(void *ctx, struct lb_counter *global, struct lb_counter
 	return err;
 }
 
+/* The whole NAT configuration: the program reads the pool, the port range
+ * and the down policy from nat_config_map when it opens a connection; the
+ * sweeper takes the timeouts. */
+static int op_set_nat(void *ctx, const struct lb_nat_config *nat)
+{
+	struct xdp_tables *t = ctx;
+	__u32 k = 0;
+	int err;
+
+	err = bpf_map_update_elem(t->nat_fd, &k, nat, BPF_ANY);
+	if (!err && t->conns)
+		xdp_conns_set_timeouts(t->conns, nat->timeouts_s);
+	return err;
+}
+
+static int op_read_conns(void *ctx, struct lb_conn_stats *out)
+{
+	struct xdp_tables *t = ctx;
+
+	return t->conns ? xdp_conns_read(t->conns, out) : -ENODEV;
+}
+
 const struct lb_dataplane_ops xdp_tables_ops = {
 	.set_config = op_set_config,
 	.set_vip = op_set_vip,
@@ -273,6 +302,8 @@ const struct lb_dataplane_ops xdp_tables_ops = {
 	.write_ring = op_write_ring,
 	.patch_ring = op_patch_ring,
 	.read_stats = op_read_stats,
+	.set_nat = op_set_nat,
+	.read_conns = op_read_conns,
 };
 
 /* ---- start-up ----------------------------------------------------------- */
@@ -294,6 +325,8 @@ int xdp_tables_open(struct xdp_tables *t, struct lb_bpf *skel, __u32 ring_size)
 	t->stats_fd = bpf_map__fd(skel->maps.stats_map);
 	t->vip_stats_fd = bpf_map__fd(skel->maps.vip_stats_map);
 	t->backend_stats_fd = bpf_map__fd(skel->maps.backend_stats_map);
+	t->conn_fd = bpf_map__fd(skel->maps.conn_map);
+	t->nat_fd = bpf_map__fd(skel->maps.nat_config_map);
 	t->devmap_value_size = bpf_map__value_size(skel->maps.tx_devmap);
 	if (bpf_map__max_entries(skel->maps.ring_map) < (__u64)LB_MAX_VIPS * ring_size ||
 	    (t->devmap_value_size != 4 && t->devmap_value_size != 8))
@@ -349,8 +382,17 @@ static int clear_vips(int fd, size_t ksize)
 
 int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg)
 {
+	struct lb_nat_config nat;
 	struct lb_backend b;
+	__u32 zero = 0;
 	int err;
+
+	/* The NAT configuration the server starts with (lb_proto.h: it never
+	 * calls set_nat at start). Fresh conn_map and conn_fifo are empty. */
+	lb_proto_nat_defaults(&nat);
+	err = bpf_map_update_elem(t->nat_fd, &zero, &nat, BPF_ANY);
+	if (err)
+		return err;
 
 	/* VIPs: delete whatever is there (fresh maps are empty). */
 	err = clear_vips(t->vip4_fd, sizeof(struct lb_vip_key_v4));
@@ -442,6 +484,7 @@ static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
 		e.nat_port = st->vips[id].nat_port;
 		e.tunnel_family = st->vips[id].tunnel_family;
 		e.tunnel_src = st->vips[id].tunnel_src;
+		e.nat_flags = st->vips[id].nat_flags;
 		err = bpf_map_update_elem(t->vip4_fd, &k4, &e, BPF_ANY);
 		if (err)
 			return err;
@@ -481,6 +524,8 @@ int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 
 	memset(st, 0, sizeof(*st));
 	err = bpf_map_lookup_elem(t->config_fd, &k, &st->config);
+	if (!err)
+		err = bpf_map_lookup_elem(t->nat_fd, &k, &st->nat);
 	if (err)
 		return err;
 	err = array_read(t, t->backend_fd, 0, st->backends, sizeof(struct lb_backend),
@@ -506,6 +551,7 @@ int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 		st->vips[e.vip_id].nat_port = e.nat_port;
 		st->vips[e.vip_id].tunnel_family = e.tunnel_family;
 		st->vips[e.vip_id].tunnel_src = e.tunnel_src;
+		st->vips[e.vip_id].nat_flags = e.nat_flags;
 		st->vips[e.vip_id].key = key;
 		st->rings[e.vip_id] = malloc((size_t)t->ring_size * sizeof(__u32));
 		err = -ENOMEM;

@@ -11,6 +11,7 @@
 #include "lb_proto.h"
 
 struct lb_bpf;
+struct xdp_conns;
 
 /* Batch syscalls move at most this many entries; bounds the scratch buffers. */
 #define XDP_TABLES_CHUNK 8192
@@ -18,6 +19,8 @@ struct lb_bpf;
 struct xdp_tables {
 	int vip_fd, vip4_fd, backend_fd, ring_fd, config_fd, port_fd, devmap_fd;
 	int stats_fd, vip_stats_fd, backend_stats_fd;
+	int conn_fd, nat_fd;     /* NAT mode: conn_map, nat_config_map */
+	struct xdp_conns *conns; /* the sweeper (set by the daemon); NULL: none yet */
 	__u32 ring_size;
 	__u32 devmap_value_size; /* 4 (ifindex) or 8 (struct bpf_devmap_val) */
 	int ncpus;               /* possible CPUs: per-CPU values come in this many */
@@ -36,15 +39,16 @@ int xdp_tables_open(struct xdp_tables *t, struct lb_bpf *skel, __u32 ring_size);
 void xdp_tables_close(struct xdp_tables *t);
 
 /* Empty tables: no VIP, every backend UNUSED, every ring slot LB_NO_BACKEND,
- * and the configuration cfg. */
+ * the configuration cfg, and the NAT configuration lb_proto_nat_defaults. */
 int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg);
 
 /* Writes port_map and tx_devmap entries 0..n-1. */
 int xdp_tables_set_ports(struct xdp_tables *t, const struct lb_proto_port *ports, __u32 n);
 
-/* Reads config, VIPs, backends and the rings of configured VIPs back into st
- * (rings allocated; free them with xdp_tables_free_state), and makes vip4_map
- * (the fast path's IPv4 index) agree with vip_map, the VIPs as read. */
+/* Reads config, VIPs (their NAT flags too), backends, the rings of configured
+ * VIPs and the NAT configuration back into st (rings allocated; free them
+ * with xdp_tables_free_state), and makes vip4_map (the fast path's IPv4
+ * index) agree with vip_map, the VIPs as read. */
 int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st);
 void xdp_tables_free_state(struct lb_proto_state *st);
 

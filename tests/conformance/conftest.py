@@ -13,6 +13,10 @@ from .harness import Harness
 from .targets import DpdkTarget, Target, XdpTarget
 
 MODEL_PORT_MACS = ["02:00:00:00:00:01", "02:00:00:00:00:02"]
+# NAT cases: the session's targets hold this many connection-table entries;
+# the "small" cases get a fresh data plane whose table holds three connections.
+CONN_TABLE_SIZE = 65536
+SMALL_CONN_TABLE_SIZE = 6
 
 
 # name -> (target class, what it needs, how to find its binary)
@@ -22,8 +26,9 @@ _TARGETS: dict[str, tuple[type[XdpTarget] | type[DpdkTarget], str, Callable[[], 
 }
 
 
-def _real_target(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    """One data plane for the whole session; CI must never skip it."""
+def _real_target(name: str, tmp_path_factory: pytest.TempPathFactory,
+                 conn_table_size: int = CONN_TABLE_SIZE) -> Iterator[Target]:
+    """One data plane (for the whole session, or a case); CI must never skip it."""
     cls, needs, find = _TARGETS[name]
     reason = None
     if os.geteuid() != 0:
@@ -37,7 +42,7 @@ def _real_target(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the {name} conformance suite: {reason}")
         pytest.skip(reason)
-    target = cls(Path(tmp_path_factory.mktemp(name)))
+    target = cls(Path(tmp_path_factory.mktemp(name)), conn_table_size=conn_table_size)
     try:
         yield target
     finally:
@@ -61,6 +66,57 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if request.param in ("xdp", "dpdk"):
         target = request.getfixturevalue(f"{request.param}_target")
         port_macs = target.port_macs
-    h = Harness(target, port_macs)
+    h = Harness(target, port_macs, conn_capacity=_capacity(target))
     yield h
     h.check_counters()
+
+
+def _capacity(target: Target | None) -> int:
+    return target.conn_table_size if target is not None and target.nat else CONN_TABLE_SIZE
+
+
+def _require_nat(target: Target, conn_table_size: int) -> None:
+    """NAT cases need the hello's "nat" capability; until a plane has it they
+    skip, saying so (CI checks they run once both planes have it)."""
+    if not target.nat:
+        reason = (f"the {target.name} data plane's hello lacks the 'nat' capability: "
+                  "NAT mode cases skipped")
+        print(reason)
+        pytest.skip(reason)
+    assert target.conn_table_size == conn_table_size, (
+        f"{target.name} was started with a {conn_table_size}-entry connection table, its "
+        f"hello says {target.conn_table_size}")
+
+
+@pytest.fixture(params=["model", "xdp", "dpdk"])
+def nat_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """A harness on the session's data plane, which must serve NAT mode."""
+    target: Target | None = None
+    port_macs = MODEL_PORT_MACS
+    if request.param in ("xdp", "dpdk"):
+        target = request.getfixturevalue(f"{request.param}_target")
+        _require_nat(target, CONN_TABLE_SIZE)
+        port_macs = target.port_macs
+    h = Harness(target, port_macs, conn_capacity=CONN_TABLE_SIZE)
+    yield h
+    h.check_counters()
+
+
+@pytest.fixture(params=["model", "xdp", "dpdk"])
+def small_nat_harness(request: pytest.FixtureRequest,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """A harness on a data plane of its own whose connection table holds
+    SMALL_CONN_TABLE_SIZE entries (a table the case fills)."""
+    if request.param == "model":
+        h = Harness(None, MODEL_PORT_MACS, conn_capacity=SMALL_CONN_TABLE_SIZE)
+        yield h
+        return
+    started = _real_target(request.param, tmp_path_factory, SMALL_CONN_TABLE_SIZE)
+    target = next(started)
+    try:
+        _require_nat(target, SMALL_CONN_TABLE_SIZE)
+        h = Harness(target, target.port_macs, conn_capacity=SMALL_CONN_TABLE_SIZE)
+        yield h
+        h.check_counters()
+    finally:
+        started.close()  # the plane goes with the case

@@ -7,6 +7,7 @@ import functools
 import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scapy.layers.inet import IP, TCP, UDP
@@ -15,13 +16,18 @@ from scapy.layers.l2 import Ether
 from hpclb.balancing import maglev
 from hpclb.contract.model import Model, Verdict
 from hpclb.contract.tables import (
+    CONN_STATE_NAMES,
+    CONN_TABLE_DEFAULT,
     IPPROTO_TCP,
     IPPROTO_UDP,
     STAT_NAMES,
     Backend,
     BackendState,
+    NatConfig,
+    NatDown,
     TableSet,
     Vip,
+    VipMode,
 )
 
 from .targets import FrameRefused, Target
@@ -47,13 +53,20 @@ def ring(weights: dict[int, float]) -> np.ndarray:
     return _ring(tuple(sorted(weights.items())))
 
 
+# Idle timeouts of every table set the suite pushes: nothing a case leaves in
+# a data plane's connection table expires while the session runs, so every
+# case's connection figures (compared as differences) are its own.
+CONFORMANCE_TIMEOUTS_S = (86400,) * len(CONN_STATE_NAMES)
+
+
 def base_tables(weights: dict[int, float] | None = None,
                 states: dict[int, BackendState] | None = None) -> TableSet:
     """Three one-arm backends behind a TCP and a UDP VIP; a fourth, two-arm,
     backend (egress port 1) alone behind a second address."""
     weights = weights or {0: 1.0, 1: 1.0, 2: 1.0}
     states = states or {}
-    t = TableSet(hash_key=HASH_KEY, ring_size=RING_SIZE)
+    t = TableSet(hash_key=HASH_KEY, ring_size=RING_SIZE,
+                 nat=NatConfig(timeouts_s=CONFORMANCE_TIMEOUTS_S))
     for bid, mac in BACKEND_MACS.items():
         t.backends[bid] = Backend(
             bid, ipaddress.IPv4Address(f"198.18.0.{10 + bid}"), mac,
@@ -82,6 +95,55 @@ def dual_tables(weights: dict[int, float] | None = None) -> TableSet:
     return t
 
 
+# ---- NAT mode ---------------------------------------------------------------
+# A two-arm gateway: clients on port 0, backends 10..12 behind port 1; backend
+# 13 one-arm (port 0). The DSR VIPs of base_tables stay, next to these.
+NAT_BACKEND_MACS = {10: "02:bb:00:00:00:20", 11: "02:bb:00:00:00:21", 12: "02:bb:00:00:00:22",
+                    13: "02:bb:00:00:00:23"}
+VIP_NAT_TCP = Vip(5, ipaddress.IPv4Address("198.18.2.10"), 80, IPPROTO_TCP, VipMode.NAT,
+                  nat_port=8080)
+VIP_NAT_UDP = Vip(6, ipaddress.IPv4Address("198.18.2.10"), 53, IPPROTO_UDP, VipMode.NAT)
+VIP_SNAT_TCP = Vip(7, ipaddress.IPv4Address("198.18.2.11"), 80, IPPROTO_TCP, VipMode.NAT,
+                   nat_port=8080, snat=True)
+VIP_SNAT_UDP = Vip(8, ipaddress.IPv4Address("198.18.2.11"), 53, IPPROTO_UDP, VipMode.NAT,
+                   snat=True)
+VIP_NAT_ONE_ARM = Vip(9, ipaddress.IPv4Address("198.18.2.12"), 80, IPPROTO_TCP, VipMode.NAT)
+# Another address and port onto VIP_NAT_TCP's backends and backend port.
+VIP_NAT_TWIN = Vip(10, ipaddress.IPv4Address("198.18.2.13"), 443, IPPROTO_TCP, VipMode.NAT,
+                   nat_port=8080)
+
+
+def nat_tables(pool: tuple[str, ...] = ("198.18.3.1",), port_range: tuple[int, int] = (1024, 65535),
+               down: NatDown = NatDown.RESCHEDULE,
+               states: dict[int, BackendState] | None = None,
+               weights: dict[int, float] | None = None,
+               snat_weights: dict[int, float] | None = None,
+               without: tuple[int, ...] = ()) -> TableSet:
+    """base_tables plus the NAT VIPs: VIP_NAT_TCP/UDP, VIP_NAT_TWIN and
+    VIP_SNAT_TCP/UDP on backends 10..12 (``weights``, ``snat_weights``),
+    VIP_NAT_ONE_ARM on 13;
+    the SNAT pool ``pool`` with ``port_range``; VIP ids in ``without`` left out.
+    Every case that opens SNAT connections on a shared data plane takes a
+    pool address of its own (the reply keys it allocates are then free)."""
+    states = states or {}
+    t = base_tables()
+    for bid, mac in NAT_BACKEND_MACS.items():
+        t.backends[bid] = Backend(bid, ipaddress.IPv4Address(f"198.18.0.{10 + bid}"), mac,
+                                  states.get(bid, BackendState.UP), port=0 if bid == 13 else 1)
+    nat_ring = ring(weights or {10: 1.0, 11: 1.0, 12: 1.0})
+    snat_ring = ring(snat_weights) if snat_weights else nat_ring
+    for vip, r in ((VIP_NAT_TCP, nat_ring), (VIP_NAT_UDP, nat_ring), (VIP_SNAT_TCP, snat_ring),
+                   (VIP_SNAT_UDP, snat_ring), (VIP_NAT_ONE_ARM, ring({13: 1.0})),
+                   (VIP_NAT_TWIN, nat_ring)):
+        if vip.vip_id not in without:
+            t.vips[vip.vip_id] = vip
+            t.rings[vip.vip_id] = r
+    t.nat = NatConfig(snat_addrs=tuple(ipaddress.IPv4Address(a) for a in pool),
+                      snat_port_min=port_range[0], snat_port_max=port_range[1],
+                      on_backend_down=down, timeouts_s=CONFORMANCE_TIMEOUTS_S)
+    return t
+
+
 def tcp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 80, **ip: object) -> bytes:
     return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst, **ip)
                  / TCP(sport=sport, dport=dport, flags="S"))
@@ -92,53 +154,95 @@ def udp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 53) -> byte
                  / UDP(sport=sport, dport=dport) / b"query")
 
 
+# The NAT counters a frame moves besides its verdict's (lb_tables.h): the
+# model counts them too, and every case compares them with the data plane's.
+NAT_EVENTS = (*(name for name in STAT_NAMES if name.startswith("conn_")), "nat_icmp")
+
+
+def _conn_figures(conns: dict[str, Any]) -> dict[str, int]:
+    """A "conns" map flattened: entries, snat_ports_in_use, expired, by_state.*."""
+    flat = {k: int(conns.get(k, 0)) for k in ("entries", "snat_ports_in_use", "expired")}
+    by_state = conns.get("by_state", {})
+    for name in CONN_STATE_NAMES:
+        flat[f"by_state.{name}"] = int(by_state.get(name, 0))
+    return flat
+
+
 @dataclass
 class Harness:
-    """One case's run: the model (oracle) and, unless None, a real data plane."""
+    """One case's run: the model (oracle) and, unless None, a real data plane.
+
+    ``conn_capacity`` is the model's connection table (entries): the data
+    plane's conn_table_size. A target shared by the session keeps the
+    connections of the cases before; the cases use addresses of their own,
+    and the connection figures are compared as differences from the case's
+    start (nothing expires: CONFORMANCE_TIMEOUTS_S)."""
 
     target: Target | None
     port_macs: list[str]
+    conn_capacity: int = CONN_TABLE_DEFAULT
     tables: TableSet | None = None
     model: Model | None = None
     reasons: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
     _start_counters: dict[str, int] = field(default_factory=dict)
+    _start_conns: dict[str, int] | None = None
 
     def load(self, tables: TableSet) -> None:
         if self.target is not None:
             if not self._start_counters and self.tables is None:
                 self._start_counters = self.target.counters()
+                if self.target.nat:
+                    self._start_conns = _conn_figures(self.target.conns())
             self.target.load(self.tables, tables)
         if self.model is None:
             answers_arp = self.target is not None and self.target.answers_arp
-            self.model = Model(tables, self.port_macs, answers_arp=answers_arp)
+            self.model = Model(tables, self.port_macs, answers_arp=answers_arp,
+                               conn_capacity=self.conn_capacity)
         self.model.tables = tables
         self.tables = tables
 
-    def send(self, frame: bytes) -> Verdict:
+    def send(self, frame: bytes, in_port: int = 0) -> Verdict:
+        """``frame`` arrives on port ``in_port`` (0: the clients' side)."""
         assert self.model is not None, "load tables first"
-        verdict = self.model.process(frame)
+        verdict = self.model.process(frame, in_port)
         self.reasons[verdict.reason] += 1
+        self.events.update(verdict.events)
         if self.target is None:
             return verdict
         if len(frame) < self.target.min_frame:
             # Cannot even reach this data plane (the kernel refuses it first).
             try:
-                self.target.run(frame)
+                self.target.run(frame, in_port)
             except FrameRefused:
                 self.reasons[verdict.reason] -= 1
                 return verdict
             raise AssertionError(f"{self.target.name} accepted a {len(frame)}-byte frame")
-        action, out = self.target.run(frame)
+        action, out = self.target.run(frame, in_port)
         assert (action, out.hex()) == (verdict.action, verdict.frame.hex()), (
-            f"{self.target.name} disagrees with the model ({verdict.reason})"
+            f"{self.target.name} disagrees with the model ({verdict.reason}, "
+            f"{'+'.join(verdict.events) or 'no NAT event'})"
         )
         return verdict
 
     def backend_of(self, frame: bytes) -> int | None:
         return self.send(frame).backend_id
 
+    def conns(self) -> dict[str, int]:
+        """The model's connection figures (entries, snat_ports_in_use,
+        expired, by_state.NAME), after checking that the data plane's moved
+        by exactly as much since the case began."""
+        assert self.model is not None, "load tables first"
+        want = _conn_figures(self.model.conn_stats())
+        if self.target is not None and self._start_conns is not None:
+            end = _conn_figures(self.target.conns())
+            got = {k: end[k] - self._start_conns[k] for k in end}
+            assert got == want, f"{self.target.name}'s connection table differs from the model's"
+        return want
+
     def check_counters(self) -> None:
-        """The data plane counted every frame under the model's reason."""
+        """The data plane counted every frame under the model's reason, and
+        the NAT events as the model did."""
         if self.target is None or self.model is None:
             return  # nothing was sent (the case skipped before loading tables)
         end = self.target.counters()
@@ -147,5 +251,11 @@ class Harness:
                 got = end.get(reason, 0) - self._start_counters.get(reason, 0)
                 n = self.reasons.get(reason, 0)
                 assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"
+            elif reason in NAT_EVENTS:
+                got = end.get(reason, 0) - self._start_counters.get(reason, 0)
+                n = self.events.get(reason, 0)
+                assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"
         received = end.get("rx", 0) - self._start_counters.get("rx", 0)
         assert received == sum(self.reasons.values()), "every frame counted once as rx"
+        if self._start_conns is not None:
+            self.conns()

@@ -10,10 +10,23 @@ with BPF_PROG_TEST_RUN. The DPDK target is the real ``hpclb-dpdk`` on
 net_af_xdp ports over veth: each frame is written into the ingress veth and
 read back where it comes out (the ingress veth, the egress veth, or the
 kernel's exception TAP), and the forwarder's own counters say which.
+
+Both have two ports: 0 (in0, the clients' side) and 1 (out0, the backends'
+side of a two-arm setup). A frame may arrive on either (``run(frame,
+in_port)``): NAT mode's replies and ICMP errors come in on port 1. The XDP
+target runs it as if it arrived on that port's interface (a test run whose
+context names the ingress ifindex, inside the target's namespace); the DPDK
+target writes it into that port's wire end (in1 or out1).
+
+NAT mode (``nat``: the hello's "nat" capability) needs a connection table
+(``conn_table_size``, entries) and the NAT settings (``set_nat``), pushed
+with the tables.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import select
 import socket
@@ -21,9 +34,10 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from hpclb.contract.tables import TableSet, mac_str
+from hpclb.contract.tables import NatConfig, TableSet, mac_str
+from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.dpdk import DpdkLaunch, DpdkPort, forwarder_argv, reserve_hugepages
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
@@ -40,18 +54,54 @@ class Target(Protocol):
     port_macs: list[str]
     min_frame: int
     answers_arp: bool
+    #: The hello's "nat" capability: NAT VIPs, set_nat, the connection table.
+    nat: bool
+    #: The hello's conn_table_size (entries; 0 without NAT mode).
+    conn_table_size: int
 
     def load(self, current: TableSet | None, desired: TableSet) -> None: ...
 
-    def run(self, frame: bytes) -> tuple[str, bytes]: ...
+    def run(self, frame: bytes, in_port: int = 0) -> tuple[str, bytes]: ...
 
     def counters(self) -> dict[str, int]: ...
+
+    def conns(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
 
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
+
+
+def _push(client: DataplaneClient, nat: bool, current: TableSet | None,
+          desired: TableSet) -> None:
+    """push_tables (which places set_nat among the VIP operations). A data
+    plane without NAT mode takes no set_nat and holds the default settings:
+    the tables are pushed to it with those."""
+    if not nat:
+        desired = dataclasses.replace(desired, nat=NatConfig())
+        if current is not None:
+            current = dataclasses.replace(current, nat=NatConfig())
+    push_tables(client, current, desired)
+
+
+def _hello_nat(hello: dict[str, Any]) -> tuple[bool, int]:
+    return "nat" in hello.get("capabilities", ()), int(hello.get("conn_table_size", 0))
+
+
+def _conns(client: DataplaneClient) -> dict[str, Any]:
+    """The stats reply's "conns" ({} from a data plane without NAT mode)."""
+    return dict(client.stats().get("conns", {}))
+
+
+@functools.cache
+def _xdp_daemon_takes(option: str) -> bool:
+    """Whether hpclb-xdp's usage names ``option`` (a plane from before it
+    does not, and must still start)."""
+    usage = subprocess.run([find_xdp_daemon(), "--help"], capture_output=True, text=True,
+                           check=False)
+    return option in usage.stdout + usage.stderr
 
 
 class XdpTarget:
@@ -62,14 +112,17 @@ class XdpTarget:
     min_frame = 14
     answers_arp = False
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, conn_table_size: int | None = None) -> None:
         tag = uuid.uuid4().hex[:8]
         self.netns = f"hlbc-{tag}"
         self.pin_dir = f"/sys/fs/bpf/hpclb/conf-{tag}"
         endpoint = f"ipc://{workdir}/dp.sock"
+        argv = [find_xdp_daemon(), "--netns", self.netns, "--iface", "in0", "--egress",
+                "out0", "--no-attach", "--pin-dir", self.pin_dir, "--socket", endpoint]
+        if conn_table_size is not None and _xdp_daemon_takes("--conn-table-size"):
+            argv += ["--conn-table-size", str(conn_table_size)]
         self.dataplane = DataplaneProcess(
-            argv=[find_xdp_daemon(), "--netns", self.netns, "--iface", "in0", "--egress",
-                  "out0", "--no-attach", "--pin-dir", self.pin_dir, "--socket", endpoint],
+            argv=argv,
             endpoint=endpoint,
             pidfile=workdir / "hpclb-xdp.pid",
             log_path=workdir / "hpclb-xdp.log",
@@ -84,6 +137,8 @@ class XdpTarget:
             self.dataplane.start()  # returns once the daemon answers hello
             hello = self.client.hello()
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
+            self.ifindexes = [int(p["ifindex"]) for p in hello["ports"]]
+            self.nat, self.conn_table_size = _hello_nat(hello)
             self.prog = PinnedXdpProgram(f"{self.pin_dir}/lb_xdp")
             self._affinity = os.sched_getaffinity(0)
         except BaseException:
@@ -95,11 +150,18 @@ class XdpTarget:
         os.sched_setaffinity(0, {cpu})
 
     def load(self, current: TableSet | None, desired: TableSet) -> None:
-        push_tables(self.client, current, desired)
+        _push(self.client, self.nat, current, desired)
 
-    def run(self, frame: bytes) -> tuple[str, bytes]:
+    def run(self, frame: bytes, in_port: int = 0) -> tuple[str, bytes]:
+        """Port 0 runs as before (no context: the program sees no ingress
+        device, which lb.bpf.c takes as port 0); another port runs with that
+        port's ifindex as ctx->ingress_ifindex, inside the namespace that
+        holds it."""
         try:
-            return self.prog.run(frame)
+            if in_port == 0:
+                return self.prog.run(frame)
+            with netns.inside(self.netns):
+                return self.prog.run(frame, ingress_ifindex=self.ifindexes[in_port])
         except BpfError as exc:
             if len(frame) < self.min_frame:
                 raise FrameRefused(str(exc)) from exc
@@ -107,6 +169,9 @@ class XdpTarget:
 
     def counters(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.client.stats()["counters"].items()}
+
+    def conns(self) -> dict[str, Any]:
+        return _conns(self.client)
 
     def close(self) -> None:
         if hasattr(self, "prog"):
@@ -129,16 +194,22 @@ class DpdkTarget:
     """hpclb-dpdk on net_af_xdp over two veth pairs in a scratch namespace.
 
     in0/out0 are the forwarder's ports 0 and 1, exc0/exc1 their exception
-    TAPs; in1 and out1 are the wire. Frames go in at in1. IPv6 is off in the
-    namespace so that no kernel chatter reaches the forwarder between frames:
-    every frame's effect on the counters is its own.
+    TAPs; in1 and out1 are the wire. A frame for port 0 goes in at in1, one
+    for port 1 at out1. IPv6 is off in the namespace so that no kernel
+    chatter reaches the forwarder between frames: every frame's effect on the
+    counters is its own.
     """
 
     name = "dpdk"
     min_frame = 14  # AF_PACKET refuses to send less than an Ethernet header
     answers_arp = True
 
-    def __init__(self, workdir: Path) -> None:
+    #: The wire end of each port (frames in, forwarded frames out) and its
+    #: exception TAP (frames passed to the kernel).
+    WIRE = ("in1", "out1")
+    EXCEPTION = ("exc0", "exc1")
+
+    def __init__(self, workdir: Path, conn_table_size: int | None = None) -> None:
         tag = uuid.uuid4().hex[:8]
         self.netns = f"hlbd-{tag}"
         endpoint = f"ipc://{workdir}/dp.sock"
@@ -147,6 +218,7 @@ class DpdkTarget:
                    DpdkPort(1, "af_xdp", iface="out0", tap="exc1")),
             socket=endpoint, netns=self.netns, flow_table_size=65536, idle_sleep_us=20,
             socket_mem_mb=256, file_prefix=f"hpclb-conf-{tag}",
+            conn_table_size=conn_table_size,
         )
         self.dataplane = DataplaneProcess(
             argv=forwarder_argv(launch), endpoint=endpoint,
@@ -168,8 +240,9 @@ class DpdkTarget:
             self.dataplane.start()
             hello = self.client.hello()
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
+            self.nat, self.conn_table_size = _hello_nat(hello)
             with netns.inside(self.netns):
-                for ifname in ("in1", "out1", "exc0"):
+                for ifname in (*self.WIRE, *self.EXCEPTION):
                     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
                     s.bind((ifname, 0))
                     s.setblocking(False)
@@ -180,7 +253,7 @@ class DpdkTarget:
             raise
 
     def load(self, current: TableSet | None, desired: TableSet) -> None:
-        push_tables(self.client, current, desired)
+        _push(self.client, self.nat, current, desired)
 
     def _drain(self) -> None:
         for s in self._socks.values():
@@ -198,12 +271,12 @@ class DpdkTarget:
                 return data
         raise AssertionError(f"{self.name}: counted a frame out of {ifname}, none arrived")
 
-    def run(self, frame: bytes) -> tuple[str, bytes]:
+    def run(self, frame: bytes, in_port: int = 0) -> tuple[str, bytes]:
         if len(frame) < self.min_frame:
             raise FrameRefused(f"{len(frame)}-byte frame: shorter than an Ethernet header")
         self._drain()
         before = self._last
-        self._socks["in1"].send(frame)
+        self._socks[self.WIRE[in_port]].send(frame)
         deadline = time.monotonic() + FRAME_TIMEOUT_S
         while True:
             # rx is counted before the verdict: wait for both.
@@ -221,12 +294,17 @@ class DpdkTarget:
         if reason.startswith("drop_"):
             return "drop", frame
         if reason.startswith("pass_"):
-            return "pass", self._receive("exc0")
+            return "pass", self._receive(self.EXCEPTION[in_port])
         action = _ACTIONS[reason]
-        return action, self._receive("in1" if action == "tx" else "out1")
+        # tx: back out of the port it came in on; redirect: the other port.
+        egress = in_port if action == "tx" else 1 - in_port
+        return action, self._receive(self.WIRE[egress])
 
     def counters(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.client.stats()["counters"].items()}
+
+    def conns(self) -> dict[str, Any]:
+        return _conns(self.client)
 
     def close(self) -> None:
         for s in self._socks.values():

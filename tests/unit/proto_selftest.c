@@ -9,11 +9,18 @@
  * server's shadow says (so dump/get_ring never lie); a failing op is reported
  * and rolled back; random and mutated messages always get a well-formed
  * reply and never change anything they should not.
+ *
+ * NAT mode (set_nat, read_conns, set_vip's mode 1 and snat): every field's
+ * bounds, the SNAT rule both ways, dump's round trip, stats' "conns", the
+ * rollback, lb_proto_server_restore's checks, and a second server whose data
+ * plane has no NAT hooks.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 
 #include "lb_proto.h"
 
@@ -26,6 +33,9 @@ static struct {
 	int used[LB_MAX_VIPS];
 	struct lb_backend b[LB_MAX_BACKENDS];
 	__u32 ring[LB_MAX_VIPS][RS];
+	struct lb_nat_config nat;
+	int nat_calls;  /* set_nat calls, rollbacks included */
+	int conns_fail; /* read_conns fails */
 	int fail_at;    /* >0: the n-th next call fails (half applied)... */
 	int fail_count; /* ...and so do this many - 1 after it */
 } dp;
@@ -147,9 +157,44 @@ static int f_read_port_stats(void *c, __u32 port, struct lb_port_stats *out)
 	return 0;
 }
 
+/* Half applied on failure: the pool changes, the rest does not. */
+static int f_set_nat(void *c, const struct lb_nat_config *nat)
+{
+	int fail = should_fail();
+
+	(void)c;
+	dp.nat_calls++;
+	if (fail) {
+		memcpy(dp.nat.snat_addrs, nat->snat_addrs, sizeof(dp.nat.snat_addrs));
+		return -EIO;
+	}
+	dp.nat = *nat;
+	return 0;
+}
+
+static int f_read_conns(void *c, struct lb_conn_stats *out)
+{
+	(void)c;
+	if (dp.conns_fail)
+		return -EIO;
+	out->capacity = 4096;
+	out->entries = 10;
+	for (int s = 0; s < LB_CONN_STATES; s++)
+		out->by_state[s] = (__u64)s + 1;
+	out->snat_ports_in_use = 3;
+	out->expired = 1ull << 40;
+	return 0;
+}
+
 static const struct lb_dataplane_ops ops = {
 	f_set_config, f_set_vip, f_del_vip, f_set_backends, f_write_ring, f_patch_ring, f_read_stats,
-	f_read_port_stats,
+	f_read_port_stats, f_set_nat, f_read_conns,
+};
+
+/* A data plane without NAT mode: no set_nat, no read_conns. */
+static const struct lb_dataplane_ops ops_nonat = {
+	f_set_config, f_set_vip, f_del_vip, f_set_backends, f_write_ring, f_patch_ring, f_read_stats,
+	f_read_port_stats, NULL, NULL,
 };
 
 /* The fake data plane and the server's shadow agree. */
@@ -163,6 +208,16 @@ static void check_mirror(const struct lb_proto_server *srv, const char *when)
 		if (st->vips[i].used) {
 			CHECK(!memcmp(&st->vips[i].key, &dp.keys[i], sizeof(dp.keys[i])),
 			      "vip %d key differs after %s", i, when);
+			CHECK(st->vips[i].nat_flags == dp.entries[i].nat_flags &&
+			      !dp.entries[i].pad[0] && !dp.entries[i].pad[1] && !dp.entries[i].pad[2],
+			      "vip %d nat_flags differ after %s", i, when);
+			/* The SNAT rule holds whatever the requests were. */
+			CHECK(!(st->vips[i].nat_flags & LB_VIP_F_SNAT) ||
+			      (st->vips[i].mode == LB_MODE_NAT && st->nat.snat_naddrs > 0),
+			      "vip %d: SNAT without a NAT mode or a pool after %s", i, when);
+			CHECK(st->vips[i].mode != LB_MODE_NAT ||
+			      st->vips[i].key.family == LB_FAMILY_V4,
+			      "vip %d: an IPv6 NAT VIP after %s", i, when);
 			CHECK(st->vips[i].mode == dp.entries[i].mode &&
 			      st->vips[i].nat_port == dp.entries[i].nat_port &&
 			      st->vips[i].tunnel_family == dp.entries[i].tunnel_family &&
@@ -183,6 +238,7 @@ static void check_mirror(const struct lb_proto_server *srv, const char *when)
 		}
 	}
 	CHECK(!memcmp(st->backends, dp.b, sizeof(dp.b)), "backends differ after %s", when);
+	CHECK(!memcmp(&st->nat, &dp.nat, sizeof(dp.nat)), "NAT config differs after %s", when);
 }
 
 /* Sends one request; returns ok, and checks the reply is a well-formed map. */
@@ -497,11 +553,11 @@ static void test_families(struct lb_proto_server *srv)
 	w_uint(&w, "nat_port", 65536);
 	CHECK(!run(srv, &w, err, sizeof(err)), "nat_port 65536 accepted");
 	CHECK(strstr(err, "field 'nat_port' out of range"), "error: %s", err);
-	/* NAT mode: its fields are valid, the mode itself is not served yet. */
+	/* NAT mode: its fields are valid, an IPv6 NAT VIP is not. */
 	w_set_vip(&w, 1, 40, addr6, 16, 1);
 	w_uint(&w, "nat_port", 8081);
-	CHECK(!run(srv, &w, err, sizeof(err)), "mode 1 accepted");
-	CHECK(strstr(err, "mode not supported by this data plane"), "error: %s", err);
+	CHECK(!run(srv, &w, err, sizeof(err)), "IPv6 mode 1 accepted");
+	CHECK(strstr(err, "field 'mode': NAT mode (1) is IPv4 only"), "error: %s", err);
 	CHECK(st->vips[40].nat_port == (__u16)((8080 >> 8) | ((8080 & 0xff) << 8)),
 	      "refused request changed nat_port");
 	check_mirror(srv, "refused extras");
@@ -524,21 +580,849 @@ static void test_families(struct lb_proto_server *srv)
 	check_mirror(srv, "IPv6 del_vip");
 }
 
-int main(void)
-{
-	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1 };
-	struct lb_config cfg = { .ring_size = RS };
-	struct lb_proto_server *srv;
-	char err[512];
-	struct w w;
-	unsigned seed = 12345;
+/* ---- NAT mode ------------------------------------------------------------ */
 
+static const struct lb_config base_cfg = { .ring_size = RS };
+
+/* The fake data plane as a data plane starts: empty tables, NAT defaults. */
+static void dp_reset(void)
+{
+	memset(&dp, 0, sizeof(dp));
 	for (int i = 0; i < LB_MAX_BACKENDS; i++)
 		dp.b[i].state = LB_BACKEND_UNUSED;
 	for (int i = 0; i < LB_MAX_VIPS; i++)
 		for (int s = 0; s < RS; s++)
 			dp.ring[i][s] = LB_NO_BACKEND;
-	dp.cfg = cfg;
+	dp.cfg = base_cfg;
+	lb_proto_nat_defaults(&dp.nat);
+}
+
+static void w_bool(struct w *w, const char *k, bool v)
+{
+	w_key(w, k);
+	if (v)
+		msgpack_pack_true(&w->pk);
+	else
+		msgpack_pack_false(&w->pk);
+}
+
+static void w_str(struct w *w, const char *s)
+{
+	msgpack_pack_str_with_body(&w->pk, s, strlen(s));
+}
+
+static void pack_ip4(struct w *w, __u8 a, __u8 b, __u8 c, __u8 d)
+{
+	__u8 ip[4] = { a, b, c, d };
+
+	msgpack_pack_bin_with_body(&w->pk, ip, 4);
+}
+
+/* A decoded reply, kept with the buffer its str and bin objects point into. */
+struct rep {
+	msgpack_sbuffer sb;
+	msgpack_unpacked up;
+	const msgpack_object *root; /* the reply map, NULL if malformed */
+};
+
+static int run_rep(struct lb_proto_server *srv, struct w *w, struct rep *rp, char *err,
+		   size_t errlen)
+{
+	size_t off = 0;
+	int ok = 0;
+
+	msgpack_sbuffer_init(&rp->sb);
+	msgpack_unpacked_init(&rp->up);
+	rp->root = NULL;
+	lb_proto_handle(srv, w->sb.data, w->sb.size, &rp->sb, NULL);
+	msgpack_sbuffer_destroy(&w->sb);
+	if (msgpack_unpack_next(&rp->up, rp->sb.data, rp->sb.size, &off) == MSGPACK_UNPACK_SUCCESS &&
+	    off == rp->sb.size && rp->up.data.type == MSGPACK_OBJECT_MAP)
+		rp->root = &rp->up.data;
+	CHECK(rp->root, "reply is not a well-formed map");
+	if (err)
+		err[0] = '\0';
+	for (uint32_t i = 0; rp->root && i < rp->root->via.map.size; i++) {
+		const msgpack_object *k = &rp->root->via.map.ptr[i].key;
+		const msgpack_object *v = &rp->root->via.map.ptr[i].val;
+
+		if (k->via.str.size == 2 && !memcmp(k->via.str.ptr, "ok", 2))
+			ok = v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean;
+		if (err && k->via.str.size == 5 && !memcmp(k->via.str.ptr, "error", 5))
+			snprintf(err, errlen, "%.*s", (int)v->via.str.size, v->via.str.ptr);
+	}
+	return ok;
+}
+
+static void rep_free(struct rep *rp)
+{
+	msgpack_unpacked_destroy(&rp->up);
+	msgpack_sbuffer_destroy(&rp->sb);
+}
+
+/* The value of key in map (a str-keyed map), or NULL. */
+static const msgpack_object *mget(const msgpack_object *map, const char *key)
+{
+	if (!map || map->type != MSGPACK_OBJECT_MAP)
+		return NULL;
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const msgpack_object *k = &map->via.map.ptr[i].key;
+
+		if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == strlen(key) &&
+		    !memcmp(k->via.str.ptr, key, k->via.str.size))
+			return &map->via.map.ptr[i].val;
+	}
+	return NULL;
+}
+
+/* Whether the i-th key of map is name. */
+static int key_is(const msgpack_object *map, uint32_t i, const char *name)
+{
+	const msgpack_object *k = &map->via.map.ptr[i].key;
+
+	return k->type == MSGPACK_OBJECT_STR && k->via.str.size == strlen(name) &&
+	       !memcmp(k->via.str.ptr, name, k->via.str.size);
+}
+
+static uint64_t uget(const msgpack_object *map, const char *key)
+{
+	const msgpack_object *o = mget(map, key);
+
+	CHECK(o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER, "field '%s' is not a uint", key);
+	return o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? o->via.u64 : ~0ull;
+}
+
+static const char *const state_names[LB_CONN_STATES] = LB_CONN_STATE_NAMES;
+
+/* A request that must be refused with needle in its error, and change
+ * nothing: no data plane call, the shadow's VIPs and NAT config as before. */
+static void expect_reject(struct lb_proto_server *srv, struct w *w, const char *needle,
+			  const char *what)
+{
+	static struct lb_proto_vip vips[LB_MAX_VIPS];
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	struct lb_nat_config nat = st->nat;
+	int calls = dp.nat_calls;
+	char err[512] = "";
+
+	memcpy(vips, st->vips, sizeof(vips));
+	CHECK(!run(srv, w, err, sizeof(err)), "%s: accepted", what);
+	CHECK(strstr(err, needle), "%s: error '%s' lacks '%s'", what, err, needle);
+	CHECK(!memcmp(&nat, &st->nat, sizeof(nat)) && !memcmp(vips, st->vips, sizeof(vips)) &&
+	      dp.nat_calls == calls, "%s: a refused request changed something", what);
+	check_mirror(srv, what);
+}
+
+/* The i-th malformed set_nat into w; returns what its error must say, NULL
+ * past the last. */
+static const char *bad_nat(struct w *w, int i)
+{
+	static const __u8 a16[16] = { 0xfd };
+
+	switch (i) {
+	case 0:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		w_str(w, "192.0.2.1");
+		return "field 'snat_addrs' must be an array, got str";
+	case 1:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, LB_MAX_SNAT_ADDRS + 1);
+		for (int k = 0; k <= LB_MAX_SNAT_ADDRS; k++)
+			pack_ip4(w, 10, 9, 0, (__u8)(k + 1));
+		return "field 'snat_addrs' has 17 entries, at most 16 allowed";
+	case 2:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 2);
+		pack_ip4(w, 192, 0, 2, 1);
+		msgpack_pack_bin_with_body(&w->pk, a16, 16);
+		return "field 'snat_addrs[1]' must be bin of 4 bytes (NAT mode is IPv4 only), got 16";
+	case 3:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 1);
+		w_str(w, "192.0.2.1");
+		return "field 'snat_addrs[0]' must be bin, got str";
+	case 4: case 5: case 6: case 7: case 8: case 9: {
+		static const __u8 bad[6][4] = { { 0, 1, 2, 3 }, { 127, 0, 0, 1 }, { 224, 0, 0, 1 },
+						{ 239, 255, 255, 250 }, { 240, 0, 0, 1 },
+						{ 255, 255, 255, 255 } };
+		static const char *const needles[6] = {
+			"field 'snat_addrs[1]': 0.1.2.3 is not a unicast address",
+			"field 'snat_addrs[1]': 127.0.0.1 is not a unicast address",
+			"field 'snat_addrs[1]': 224.0.0.1 is not a unicast address",
+			"field 'snat_addrs[1]': 239.255.255.250 is not a unicast address",
+			"field 'snat_addrs[1]': 240.0.0.1 is not a unicast address",
+			"field 'snat_addrs[1]': 255.255.255.255 is not a unicast address",
+		};
+
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 2);
+		pack_ip4(w, 192, 0, 2, 1);
+		msgpack_pack_bin_with_body(&w->pk, bad[i - 4], 4);
+		return needles[i - 4];
+	}
+	case 10:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 3);
+		pack_ip4(w, 192, 0, 2, 1);
+		pack_ip4(w, 192, 0, 2, 2);
+		pack_ip4(w, 192, 0, 2, 1);
+		return "field 'snat_addrs[2]': 192.0.2.1 appears twice (also snat_addrs[0])";
+	case 11:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "snat_port_min", 0);
+		return "field 'snat_port_min' out of range: 0 (allowed 1..65535)";
+	case 12:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "snat_port_min", 65536);
+		return "field 'snat_port_min' out of range: 65536 (allowed 1..65535)";
+	case 13:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "snat_port_max", 0);
+		return "field 'snat_port_max' out of range: 0 (allowed 1..65535)";
+	case 14:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "snat_port_max", 65536);
+		return "field 'snat_port_max' out of range: 65536";
+	case 15:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_port_min");
+		msgpack_pack_int64(&w->pk, -1);
+		return "field 'snat_port_min' out of range: -1";
+	case 16:
+		w_init(w, "set_nat", 2);
+		w_uint(w, "snat_port_min", 2000);
+		w_uint(w, "snat_port_max", 1999);
+		return "field 'snat_port_min': 2000 is above snat_port_max 1999";
+	case 17: /* min defaults to 1024 */
+		w_init(w, "set_nat", 1);
+		w_uint(w, "snat_port_max", 1000);
+		return "field 'snat_port_min': 1024 is above snat_port_max 1000";
+	case 18:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "on_backend_down", 2);
+		return "field 'on_backend_down' out of range: 2 (allowed 0..1)";
+	case 19:
+		w_init(w, "set_nat", 1);
+		w_bool(w, "on_backend_down", true);
+		return "field 'on_backend_down' must be an unsigned integer, got bool";
+	case 20:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_array(&w->pk, 0);
+		return "field 'timeouts' must be a map, got array";
+	case 21:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 2);
+		w_uint(w, "established", 60);
+		w_uint(w, "establishd", 60);
+		return "field 'timeouts': unknown connection state 'establishd' (known: syn_sent, "
+		       "syn_recv, established, fin_wait, time_wait, close, udp_unreplied, "
+		       "udp_replied)";
+	case 22:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 1);
+		w_uint(w, "established", 0);
+		return "field 'timeouts.established' out of range: 0 (allowed 1..2147483647)";
+	case 23:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 1);
+		w_uint(w, "udp_replied", 2147483648u);
+		return "field 'timeouts.udp_replied' out of range: 2147483648 (allowed 1..2147483647)";
+	case 24:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 1);
+		msgpack_pack_uint8(&w->pk, 1);
+		msgpack_pack_uint8(&w->pk, 5);
+		return "keys of timeouts must be str";
+	case 25:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 1);
+		w_key(w, "close");
+		w_str(w, "10");
+		return "field 'timeouts.close' must be an unsigned integer, got str";
+	case 26:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 2);
+		w_uint(w, "close", 5);
+		w_uint(w, "close", 6);
+		return "field 'timeouts.close' given twice";
+	case 27:
+		w_init(w, "set_nat", 2);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 0);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 0);
+		return "field 'snat_addrs' given twice";
+	case 28:
+		w_init(w, "set_nat", 1);
+		w_key(w, "timeouts");
+		msgpack_pack_map(&w->pk, 2);
+		w_uint(w, "syn_sent", 1);
+		w_uint(w, "SYN_RECV", 2);
+		return "unknown connection state 'SYN_RECV'";
+	case 29:
+		w_init(w, "set_nat", 1);
+		w_uint(w, "timeouts", 30);
+		return "field 'timeouts' must be a map, got unsigned integer";
+	default:
+		return NULL;
+	}
+}
+
+/* set_nat with snat_addrs = the n addresses 203.0.113.<first + i>. */
+static void req_nat_pool(struct w *w, int n, int first)
+{
+	w_init(w, "set_nat", 1);
+	w_key(w, "snat_addrs");
+	msgpack_pack_array(&w->pk, (uint32_t)n);
+	for (int i = 0; i < n; i++)
+		pack_ip4(w, 203, 0, 113, (__u8)(first + i));
+}
+
+static void test_nat_config(struct lb_proto_server *srv)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	static const __u32 dflt_t[LB_CONN_STATES] = LB_CONN_TIMEOUTS_DEFAULT;
+	struct lb_nat_config dflt;
+	const char *needle;
+	char err[512], what[64];
+	struct w w;
+
+	lb_proto_nat_defaults(&dflt);
+	CHECK(dflt.snat_naddrs == 0 && dflt.snat_port_min == 1024 && dflt.snat_port_max == 65535 &&
+	      dflt.on_backend_down == LB_NAT_DOWN_RESCHEDULE &&
+	      !memcmp(dflt.timeouts_s, dflt_t, sizeof(dflt_t)), "lb_proto_nat_defaults");
+	CHECK(!memcmp(&st->nat, &dflt, sizeof(dflt)), "a new server's NAT config is not the default");
+	CHECK(dp.nat_calls == 0, "the server wrote the NAT config at start");
+
+	for (int i = 0; (needle = bad_nat(&w, i)) != NULL; i++) {
+		snprintf(what, sizeof(what), "bad set_nat %d", i);
+		expect_reject(srv, &w, needle, what);
+	}
+
+	/* Every field, some timeouts: the others keep their defaults. */
+	w_init(&w, "set_nat", 5);
+	w_key(&w, "snat_addrs");
+	msgpack_pack_array(&w.pk, 2);
+	pack_ip4(&w, 198, 51, 100, 1);
+	pack_ip4(&w, 198, 51, 100, 2);
+	w_uint(&w, "snat_port_min", 20000);
+	w_uint(&w, "snat_port_max", 20007);
+	w_uint(&w, "on_backend_down", LB_NAT_DOWN_DROP);
+	w_key(&w, "timeouts");
+	msgpack_pack_map(&w.pk, 2);
+	w_uint(&w, "established", 3600);
+	w_uint(&w, "udp_unreplied", 5);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat: %s", err);
+	{
+		const __u8 a0[4] = { 198, 51, 100, 1 }, a1[4] = { 198, 51, 100, 2 };
+
+		CHECK(st->nat.snat_naddrs == 2 && !memcmp(&st->nat.snat_addrs[0], a0, 4) &&
+		      !memcmp(&st->nat.snat_addrs[1], a1, 4) && st->nat.snat_addrs[2] == 0 &&
+		      st->nat.snat_port_min == 20000 && st->nat.snat_port_max == 20007 &&
+		      st->nat.on_backend_down == LB_NAT_DOWN_DROP,
+		      "set_nat fields not stored");
+	}
+	for (int s = 0; s < LB_CONN_STATES; s++)
+		CHECK(st->nat.timeouts_s[s] ==
+		      (s == LB_CONN_ESTABLISHED ? 3600u : s == LB_CONN_UDP_UNREPLIED ? 5u : dflt_t[s]),
+		      "timeout of %s: %u", state_names[s], st->nat.timeouts_s[s]);
+	check_mirror(srv, "set_nat");
+
+	/* The bounds themselves are accepted. */
+	w_init(&w, "set_nat", 4);
+	w_key(&w, "snat_addrs");
+	msgpack_pack_array(&w.pk, LB_MAX_SNAT_ADDRS);
+	for (int k = 0; k < LB_MAX_SNAT_ADDRS; k++)
+		pack_ip4(&w, k ? 223 : 1, 255, (__u8)k, 254);
+	w_uint(&w, "snat_port_min", 65535);
+	w_uint(&w, "snat_port_max", 65535);
+	w_key(&w, "timeouts");
+	msgpack_pack_map(&w.pk, LB_CONN_STATES);
+	for (int s = 0; s < LB_CONN_STATES; s++)
+		w_uint(&w, state_names[s], s % 2 ? 2147483647u : 1);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat at the bounds: %s", err);
+	CHECK(st->nat.snat_naddrs == LB_MAX_SNAT_ADDRS && st->nat.snat_port_min == 65535 &&
+	      st->nat.on_backend_down == LB_NAT_DOWN_RESCHEDULE &&
+	      st->nat.timeouts_s[1] == 2147483647u && st->nat.timeouts_s[0] == 1,
+	      "set_nat at the bounds not stored");
+	check_mirror(srv, "set_nat at the bounds");
+	w_init(&w, "set_nat", 2);
+	w_uint(&w, "snat_port_min", 1);
+	w_uint(&w, "snat_port_max", 1);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat ports 1..1: %s", err);
+
+	/* The request is the whole configuration: no field, the defaults. */
+	w_init(&w, "set_nat", 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "empty set_nat: %s", err);
+	CHECK(!memcmp(&st->nat, &dflt, sizeof(dflt)), "an empty set_nat left something");
+	check_mirror(srv, "empty set_nat");
+}
+
+static void test_snat_rule(struct lb_proto_server *srv)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	__u8 a4[4] = { 10, 0, 0, 60 }, a61[4] = { 10, 0, 0, 61 }, a6[16];
+	char err[512];
+	struct w w;
+	int calls;
+
+	vip_addr(a6, 16, 60);
+	/* A NAT VIP without SNAT needs no pool. */
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_NAT);
+	w_uint(&w, "nat_port", 8080);
+	CHECK(run(srv, &w, err, sizeof(err)), "NAT set_vip: %s", err);
+	CHECK(st->vips[60].used && st->vips[60].mode == LB_MODE_NAT && st->vips[60].nat_flags == 0 &&
+	      dp.entries[60].mode == LB_MODE_NAT, "NAT VIP not stored");
+	check_mirror(srv, "NAT set_vip");
+
+	/* snat: NAT only, a pool first, a bool. */
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_NAT);
+	w_bool(&w, "snat", true);
+	expect_reject(srv, &w, "field 'snat': no SNAT pool configured (set_nat)", "snat, no pool");
+	w_set_vip(&w, 1, 61, a61, 4, LB_MODE_DSR);
+	w_bool(&w, "snat", true);
+	expect_reject(srv, &w, "field 'snat': only a NAT VIP (mode 1) takes SNAT, field 'mode' is 0",
+		      "snat on DSR");
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_NAT);
+	w_uint(&w, "snat", 1);
+	expect_reject(srv, &w, "field 'snat' must be bool, got unsigned integer", "snat not bool");
+	w_set_vip(&w, 1, 61, a6, 16, LB_MODE_NAT);
+	w_bool(&w, "snat", false);
+	expect_reject(srv, &w, "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6",
+		      "IPv6 NAT VIP");
+	w_set_vip(&w, 0, 61, a4, 4, LB_MODE_TUNNEL);
+	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
+		      "(dsr) and 1 (nat) are implemented", "tunnel VIP");
+	/* A field's own error comes before the SNAT rule. */
+	w_set_vip(&w, 2, 60, a4, 4, LB_MODE_NAT);
+	w_uint(&w, "nat_port", 70000);
+	w_bool(&w, "snat", true);
+	CHECK(!run(srv, &w, err, sizeof(err)) && strstr(err, "field 'nat_port' out of range"),
+	      "error: %s", err);
+	/* snat false is the default, and fine on a DSR VIP. */
+	w_set_vip(&w, 1, 61, a61, 4, LB_MODE_DSR);
+	w_bool(&w, "snat", false);
+	CHECK(run(srv, &w, err, sizeof(err)), "DSR VIP snat false: %s", err);
+
+	/* With a pool: SNAT is taken, and the pool cannot be emptied under it. */
+	req_nat_pool(&w, 1, 7);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat pool: %s", err);
+	w_set_vip(&w, 2, 60, a4, 4, LB_MODE_NAT);
+	w_uint(&w, "nat_port", 8080);
+	w_bool(&w, "snat", true);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip snat: %s", err);
+	CHECK(st->vips[60].nat_flags == LB_VIP_F_SNAT && dp.entries[60].nat_flags == LB_VIP_F_SNAT &&
+	      st->vips[60].nat_port == htons(8080), "snat not stored");
+	check_mirror(srv, "set_vip snat");
+	w_init(&w, "set_nat", 0);
+	expect_reject(srv, &w, "field 'snat_addrs': VIP 60 uses SNAT, the pool cannot be emptied",
+		      "set_nat emptying the pool");
+	req_nat_pool(&w, 0, 0);
+	expect_reject(srv, &w, "VIP 60 uses SNAT", "set_nat with snat_addrs []");
+	/* Another pool, even smaller, is fine. */
+	req_nat_pool(&w, 3, 20);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat new pool: %s", err);
+	req_nat_pool(&w, 1, 30);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat shrunk pool: %s", err);
+	/* The VIP rewritten without snat frees the pool. */
+	w_set_vip(&w, 0, 60, a4, 4, LB_MODE_NAT);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip without snat: %s", err);
+	CHECK(st->vips[60].nat_flags == 0 && dp.entries[60].nat_flags == 0, "snat not cleared");
+	w_init(&w, "set_nat", 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat empty after snat cleared: %s", err);
+	/* ...and so does del_vip. */
+	req_nat_pool(&w, 2, 40);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat: %s", err);
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_NAT);
+	w_bool(&w, "snat", true);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip snat: %s", err);
+	w_init(&w, "del_vip", 3);
+	w_bin(&w, "addr", a4, 4);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	CHECK(run(srv, &w, err, sizeof(err)), "del_vip: %s", err);
+	w_init(&w, "set_nat", 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat empty after del_vip: %s", err);
+	check_mirror(srv, "SNAT rule");
+
+	/* set_nat fails half-way: the previous configuration is written back. */
+	req_nat_pool(&w, 2, 50);
+	calls = dp.nat_calls;
+	fail_calls(1, 1);
+	CHECK(!run(srv, &w, err, sizeof(err)), "set_nat should fail");
+	CHECK(strstr(err, "data plane failed to apply set_nat: ") &&
+	      strstr(err, "(previous contents restored)"), "error: %s", err);
+	CHECK(dp.nat_calls == calls + 2 && st->nat.snat_naddrs == 0, "set_nat not rolled back");
+	check_mirror(srv, "failed set_nat");
+	req_nat_pool(&w, 2, 50);
+	fail_calls(1, 2);
+	CHECK(!run(srv, &w, err, sizeof(err)), "set_nat should fail");
+	CHECK(strstr(err, "failed too"), "error: %s", err);
+	req_nat_pool(&w, 2, 50);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat resync: %s", err);
+	check_mirror(srv, "set_nat resync");
+	w_init(&w, "set_nat", 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat: %s", err);
+
+	/* DSR VIP 61 goes again. */
+	w_init(&w, "del_vip", 3);
+	w_bin(&w, "addr", a61, 4);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	CHECK(run(srv, &w, err, sizeof(err)), "del_vip: %s", err);
+	check_mirror(srv, "SNAT rule end");
+}
+
+/* dump's "nat" and VIP "snat"; a set_nat built from the dump changes nothing. */
+static void test_nat_dump(struct lb_proto_server *srv)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	__u8 a62[4] = { 10, 0, 0, 62 }, a63[4] = { 10, 0, 0, 63 };
+	const msgpack_object *nat, *o, *vips;
+	struct lb_nat_config before;
+	char err[512];
+	struct rep rp;
+	struct w w;
+	int nsnat = 0;
+
+	w_init(&w, "set_nat", 5);
+	w_key(&w, "snat_addrs");
+	msgpack_pack_array(&w.pk, 2);
+	pack_ip4(&w, 198, 51, 100, 7);
+	pack_ip4(&w, 192, 0, 2, 200);
+	w_uint(&w, "snat_port_min", 40000);
+	w_uint(&w, "snat_port_max", 50000);
+	w_uint(&w, "on_backend_down", LB_NAT_DOWN_DROP);
+	w_key(&w, "timeouts");
+	msgpack_pack_map(&w.pk, 1);
+	w_uint(&w, "time_wait", 30);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat: %s", err);
+	w_set_vip(&w, 1, 62, a62, 4, LB_MODE_NAT);
+	w_bool(&w, "snat", true);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip snat: %s", err);
+	w_set_vip(&w, 0, 63, a63, 4, LB_MODE_NAT);
+	CHECK(run(srv, &w, err, sizeof(err)), "set_vip NAT: %s", err);
+
+	w_init(&w, "dump", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "dump: %s", err);
+	nat = mget(rp.root, "nat");
+	CHECK(nat && nat->type == MSGPACK_OBJECT_MAP && nat->via.map.size == 5 &&
+	      key_is(nat, 0, "snat_addrs") && key_is(nat, 1, "snat_port_min") &&
+	      key_is(nat, 2, "snat_port_max") && key_is(nat, 3, "on_backend_down") &&
+	      key_is(nat, 4, "timeouts"), "dump's nat map has the wrong keys");
+	o = mget(nat, "snat_addrs");
+	CHECK(o && o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
+	      o->via.array.ptr[1].type == MSGPACK_OBJECT_BIN &&
+	      o->via.array.ptr[1].via.bin.size == 4 &&
+	      !memcmp(o->via.array.ptr[1].via.bin.ptr, (const __u8[]){ 192, 0, 2, 200 }, 4),
+	      "dump's snat_addrs");
+	CHECK(uget(nat, "snat_port_min") == 40000 && uget(nat, "snat_port_max") == 50000 &&
+	      uget(nat, "on_backend_down") == LB_NAT_DOWN_DROP, "dump's NAT ports or policy");
+	o = mget(nat, "timeouts");
+	CHECK(o && o->type == MSGPACK_OBJECT_MAP && o->via.map.size == LB_CONN_STATES,
+	      "dump's timeouts: not a map of every state");
+	for (uint32_t s = 0; o && o->type == MSGPACK_OBJECT_MAP && s < o->via.map.size &&
+	     s < LB_CONN_STATES; s++)
+		CHECK(key_is(o, s, state_names[s]) && uget(o, state_names[s]) == st->nat.timeouts_s[s],
+		      "dump's timeouts[%u]", s);
+	CHECK(uget(o, "time_wait") == 30, "dump's time_wait");
+	vips = mget(rp.root, "vips");
+	for (uint32_t i = 0; vips && vips->type == MSGPACK_OBJECT_ARRAY && i < vips->via.array.size;
+	     i++) {
+		const msgpack_object *v = &vips->via.array.ptr[i], *sn = mget(v, "snat");
+		uint64_t id = uget(v, "vip_id");
+
+		CHECK(sn && sn->type == MSGPACK_OBJECT_BOOLEAN && id < LB_MAX_VIPS &&
+		      sn->via.boolean == ((st->vips[id].nat_flags & LB_VIP_F_SNAT) != 0),
+		      "dump's VIP %llu snat", (unsigned long long)id);
+		nsnat += sn && sn->type == MSGPACK_OBJECT_BOOLEAN && sn->via.boolean;
+	}
+	CHECK(nsnat == 1, "dump shows %d SNAT VIPs", nsnat);
+
+	/* Round trip: dump's nat map sent back as set_nat is the same config,
+	 * a VIP's dump map sent back as set_vip the same VIP. */
+	before = st->nat;
+	w_init(&w, "set_nat", (int)nat->via.map.size);
+	for (uint32_t i = 0; i < nat->via.map.size; i++) {
+		msgpack_pack_object(&w.pk, nat->via.map.ptr[i].key);
+		msgpack_pack_object(&w.pk, nat->via.map.ptr[i].val);
+	}
+	CHECK(run(srv, &w, err, sizeof(err)), "set_nat from dump: %s", err);
+	CHECK(!memcmp(&before, &st->nat, sizeof(before)), "dump -> set_nat changed the config");
+	for (uint32_t i = 0; vips && i < vips->via.array.size; i++) {
+		const msgpack_object *v = &vips->via.array.ptr[i];
+		struct lb_proto_vip old = st->vips[uget(v, "vip_id") % LB_MAX_VIPS];
+
+		w_init(&w, "set_vip", (int)v->via.map.size);
+		for (uint32_t k = 0; k < v->via.map.size; k++) {
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].key);
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].val);
+		}
+		CHECK(run(srv, &w, err, sizeof(err)), "set_vip from dump: %s", err);
+		CHECK(!memcmp(&old, &st->vips[uget(v, "vip_id") % LB_MAX_VIPS], sizeof(old)),
+		      "dump -> set_vip changed VIP %llu", (unsigned long long)uget(v, "vip_id"));
+	}
+	rep_free(&rp);
+	check_mirror(srv, "NAT dump round trip");
+}
+
+static void test_nat_stats_hello(struct lb_proto_server *srv, __u32 conn_table_size)
+{
+	const msgpack_object *cs, *bs;
+	char err[512];
+	struct rep rp;
+	struct w w;
+
+	w_init(&w, "hello", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "hello: %s", err);
+	CHECK(uget(rp.root, "conn_table_size") == conn_table_size, "hello's conn_table_size");
+	rep_free(&rp);
+
+	w_init(&w, "stats", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "stats: %s", err);
+	cs = mget(rp.root, "conns");
+	CHECK(cs && cs->type == MSGPACK_OBJECT_MAP && cs->via.map.size == 5 &&
+	      key_is(cs, 0, "capacity") && key_is(cs, 1, "entries") && key_is(cs, 2, "by_state") &&
+	      key_is(cs, 3, "snat_ports_in_use") && key_is(cs, 4, "expired"),
+	      "stats' conns has the wrong keys");
+	CHECK(uget(cs, "capacity") == 4096 && uget(cs, "entries") == 10 &&
+	      uget(cs, "snat_ports_in_use") == 3 && uget(cs, "expired") == 1ull << 40,
+	      "stats' conns values");
+	bs = mget(cs, "by_state");
+	CHECK(bs && bs->type == MSGPACK_OBJECT_MAP && bs->via.map.size == LB_CONN_STATES,
+	      "by_state: not every state");
+	for (uint32_t s = 0; bs && bs->type == MSGPACK_OBJECT_MAP && s < bs->via.map.size &&
+	     s < LB_CONN_STATES; s++)
+		CHECK(key_is(bs, s, state_names[s]) && uget(bs, state_names[s]) == s + 1,
+		      "by_state[%u]", s);
+	rep_free(&rp);
+
+	/* The table cannot be read: stats still answers, "conns" is empty. */
+	dp.conns_fail = 1;
+	w_init(&w, "stats", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "stats: %s", err);
+	cs = mget(rp.root, "conns");
+	CHECK(cs && cs->type == MSGPACK_OBJECT_MAP && cs->via.map.size == 0,
+	      "failed read_conns: conns is not an empty map");
+	CHECK(mget(rp.root, "counters") != NULL, "failed read_conns: no counters");
+	rep_free(&rp);
+	dp.conns_fail = 0;
+}
+
+/* A state to adopt: VIP 7, 10.0.0.7:80/tcp, NAT with SNAT, a pool of one. */
+static struct lb_proto_state *restore_state(void)
+{
+	static __u32 ring[RS];
+	struct lb_proto_state *st = calloc(1, sizeof(*st));
+	const __u8 pool[4] = { 198, 51, 100, 9 };
+
+	if (!st)
+		abort();
+	for (int s = 0; s < RS; s++)
+		ring[s] = s % 3 ? LB_NO_BACKEND : (__u32)s % 16;
+	st->config = base_cfg;
+	for (int i = 0; i < LB_MAX_BACKENDS; i++)
+		st->backends[i].state = LB_BACKEND_UNUSED;
+	lb_proto_nat_defaults(&st->nat);
+	memcpy(&st->nat.snat_addrs[0], pool, 4);
+	st->nat.snat_naddrs = 1;
+	st->vips[7].used = true;
+	st->vips[7].mode = LB_MODE_NAT;
+	st->vips[7].nat_flags = LB_VIP_F_SNAT;
+	st->vips[7].key.addr.v4 = htonl(0x0a000007);
+	st->vips[7].key.port = htons(80);
+	st->vips[7].key.proto = 6;
+	st->vips[7].key.family = LB_FAMILY_V4;
+	st->rings[7] = ring;
+	return st;
+}
+
+/* One bad state: refused with needle, the server as it was. */
+static void restore_bad(struct lb_proto_server *srv, const struct lb_proto_state *bad,
+			const char *needle, int i)
+{
+	const struct lb_proto_state *cur = lb_proto_server_state(srv);
+	struct lb_nat_config nat = cur->nat;
+	char why[256] = "";
+
+	CHECK(lb_proto_server_restore(srv, bad, why, sizeof(why)) == -EINVAL,
+	      "restore case %d accepted", i);
+	CHECK(strstr(why, needle), "restore case %d: '%s' lacks '%s'", i, why, needle);
+	CHECK(!cur->vips[7].used && !memcmp(&nat, &cur->nat, sizeof(nat)),
+	      "restore case %d changed the server", i);
+}
+
+static void test_nat_restore(void)
+{
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096 };
+	struct lb_proto_server *srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	struct lb_proto_state *good = restore_state(), *bad = restore_state();
+	const struct lb_proto_state *cur;
+	char why[256] = "", err[512];
+	struct w w;
+	int n = 0;
+
+	if (!srv)
+		abort();
+	cur = lb_proto_server_state(srv);
+#define BAD_CASE(mutation, needle)                                 \
+	do {                                                       \
+		memcpy(bad, good, sizeof(*bad));                   \
+		mutation;                                          \
+		restore_bad(srv, bad, needle, n++);                \
+	} while (0)
+	BAD_CASE(bad->nat.snat_naddrs = 0; bad->nat.snat_addrs[0] = 0,
+		 "VIP 7: nat_flags 0x1 with mode 1 and 0 SNAT addresses");
+	BAD_CASE(bad->nat.snat_port_min = 0,
+		 "NAT configuration: field 'snat_port_min' out of range: 0");
+	BAD_CASE(bad->nat.snat_port_max = 0, "field 'snat_port_max' out of range: 0");
+	BAD_CASE(bad->nat.snat_port_min = 3000; bad->nat.snat_port_max = 2999,
+		 "field 'snat_port_min': 3000 is above snat_port_max 2999");
+	BAD_CASE(bad->nat.snat_addrs[1] = bad->nat.snat_addrs[0]; bad->nat.snat_naddrs = 2,
+		 "field 'snat_addrs[1]': 198.51.100.9 appears twice");
+	BAD_CASE(bad->nat.snat_addrs[0] = htonl(0x7f000001),
+		 "field 'snat_addrs[0]': 127.0.0.1 is not a unicast address");
+	BAD_CASE(bad->nat.snat_addrs[5] = htonl(0x0a000001),
+		 "field 'snat_addrs': entry 5 past the 1 addresses is 10.0.0.1, not 0");
+	BAD_CASE(bad->nat.snat_naddrs = LB_MAX_SNAT_ADDRS + 1,
+		 "field 'snat_addrs' has 17 entries, at most 16 allowed");
+	BAD_CASE(bad->nat.on_backend_down = 2, "field 'on_backend_down' out of range: 2");
+	BAD_CASE(bad->nat.pad[1] = 1, "pad is not 0");
+	BAD_CASE(bad->nat.timeouts_s[LB_CONN_TIME_WAIT] = 0,
+		 "field 'timeouts.time_wait' out of range: 0 (allowed 1..2147483647)");
+	BAD_CASE(bad->nat.timeouts_s[LB_CONN_UDP_REPLIED] = 0x80000000u,
+		 "field 'timeouts.udp_replied' out of range: 2147483648");
+	BAD_CASE(memset(&bad->nat, 0, sizeof(bad->nat)), "NAT configuration: field 'snat_port_min'");
+	BAD_CASE(bad->vips[7].nat_flags = 0x2, "VIP 7: nat_flags 0x2");
+	BAD_CASE(bad->vips[7].nat_flags = 0x3, "VIP 7: nat_flags 0x3");
+	BAD_CASE(bad->vips[7].mode = LB_MODE_DSR, "VIP 7: nat_flags 0x1 with mode 0");
+	BAD_CASE(bad->vips[7].mode = LB_MODE_TUNNEL, "VIP 7: mode 2");
+	BAD_CASE(bad->vips[7].key.family = LB_FAMILY_V6; bad->vips[7].key.addr.v6[15] = 7,
+		 "VIP 7: mode 1 (family 6) not served");
+#undef BAD_CASE
+	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == 0, "restore: %s", why);
+	CHECK(cur->vips[7].used && cur->vips[7].mode == LB_MODE_NAT &&
+	      cur->vips[7].nat_flags == LB_VIP_F_SNAT &&
+	      !memcmp(&cur->nat, &good->nat, sizeof(good->nat)), "restore: not adopted");
+	/* Adopted means validated against from now on: the SNAT rule holds. */
+	w_init(&w, "set_nat", 0);
+	CHECK(!run(srv, &w, err, sizeof(err)) && strstr(err, "VIP 7 uses SNAT"), "error: %s", err);
+	lb_proto_server_free(srv);
+
+	/* Without NAT mode: NAT VIPs and flags refused, st->nat ignored. */
+	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	cur = lb_proto_server_state(srv);
+	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == -EINVAL &&
+	      strstr(why, "VIP 7: mode 1 (family 4) not served"), "non-NAT restore: %s", why);
+	memcpy(bad, good, sizeof(*bad));
+	bad->vips[7].mode = LB_MODE_DSR;
+	CHECK(lb_proto_server_restore(srv, bad, why, sizeof(why)) == -EINVAL &&
+	      strstr(why, "VIP 7: nat_flags 0x1 with mode 0 and 0 SNAT addresses"),
+	      "non-NAT restore: %s", why);
+	bad->vips[7].nat_flags = 0;
+	memset(&bad->nat, 0xff, sizeof(bad->nat));
+	CHECK(lb_proto_server_restore(srv, bad, why, sizeof(why)) == 0, "non-NAT restore: %s", why);
+	{
+		struct lb_nat_config dflt;
+
+		lb_proto_nat_defaults(&dflt);
+		CHECK(cur->vips[7].used && !memcmp(&cur->nat, &dflt, sizeof(dflt)),
+		      "non-NAT restore took st->nat");
+	}
+	lb_proto_server_free(srv);
+	free(good);
+	free(bad);
+}
+
+/* A data plane without the NAT hooks: no NAT, whatever its info says. */
+static void test_no_nat(void)
+{
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096 };
+	struct lb_proto_server *srv;
+	const msgpack_object *nat, *vips;
+	__u8 a4[4] = { 10, 0, 0, 60 }, a6[16];
+	char err[512];
+	struct rep rp;
+	struct w w;
+
+	dp_reset();
+	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	vip_addr(a6, 16, 60);
+	w_init(&w, "hello", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "hello: %s", err);
+	CHECK(uget(rp.root, "conn_table_size") == 0, "non-NAT hello's conn_table_size is not 0");
+	rep_free(&rp);
+
+	w_init(&w, "set_nat", 0);
+	expect_reject(srv, &w, "op 'set_nat' not supported: this data plane has no NAT mode",
+		      "non-NAT set_nat");
+	bad_nat(&w, 11);
+	expect_reject(srv, &w, "op 'set_nat' not supported", "non-NAT bad set_nat");
+	w_set_vip(&w, 0, 60, a4, 4, LB_MODE_NAT);
+	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 1, only 0 "
+		      "(dsr) is implemented", "non-NAT NAT VIP");
+	w_set_vip(&w, 0, 60, a6, 16, LB_MODE_NAT);
+	expect_reject(srv, &w, "mode not supported by this data plane", "non-NAT IPv6 NAT VIP");
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_NAT);
+	w_bool(&w, "snat", true);
+	expect_reject(srv, &w, "mode not supported by this data plane", "non-NAT SNAT VIP");
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_DSR);
+	w_bool(&w, "snat", true);
+	expect_reject(srv, &w, "field 'snat': only a NAT VIP", "non-NAT snat on DSR");
+	w_set_vip(&w, 1, 60, a4, 4, LB_MODE_DSR);
+	w_bool(&w, "snat", false);
+	CHECK(run(srv, &w, err, sizeof(err)), "non-NAT set_vip: %s", err);
+
+	w_init(&w, "dump", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "dump: %s", err);
+	nat = mget(rp.root, "nat");
+	vips = mget(rp.root, "vips");
+	CHECK(nat && mget(nat, "snat_addrs") && mget(nat, "snat_addrs")->via.array.size == 0 &&
+	      uget(nat, "snat_port_min") == 1024 && uget(nat, "snat_port_max") == 65535 &&
+	      uget(nat, "on_backend_down") == 0 &&
+	      uget(mget(nat, "timeouts"), "established") == 432000, "non-NAT dump's nat");
+	CHECK(vips && vips->via.array.size == 1 && mget(&vips->via.array.ptr[0], "snat") &&
+	      mget(&vips->via.array.ptr[0], "snat")->type == MSGPACK_OBJECT_BOOLEAN &&
+	      !mget(&vips->via.array.ptr[0], "snat")->via.boolean, "non-NAT dump's VIP snat");
+	rep_free(&rp);
+	w_init(&w, "stats", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "stats: %s", err);
+	CHECK(!mget(rp.root, "conns") && mget(rp.root, "counters"), "non-NAT stats has conns");
+	rep_free(&rp);
+	check_mirror(srv, "non-NAT");
+	lb_proto_server_free(srv);
+}
+
+int main(void)
+{
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096 };
+	struct lb_config cfg = base_cfg;
+	struct lb_proto_server *srv;
+	char err[512];
+	struct w w;
+	unsigned seed = 12345;
+
+	dp_reset();
 	srv = lb_proto_server_new(&ops, NULL, &info, &cfg);
 	if (!srv)
 		return 2;
@@ -559,11 +1443,15 @@ int main(void)
 	test_failures(srv);
 	test_backend_macs(srv);
 	test_families(srv);
+	test_nat_config(srv);
+	test_snat_rule(srv);
+	test_nat_dump(srv); /* leaves a pool, SNAT VIP 62 and NAT VIP 63 for the fuzz */
+	test_nat_stats_hello(srv, info.conn_table_size);
 
 	/* Fuzz: random requests built from valid pieces, some mangled, plus
 	 * plain random bytes. After each, the mirror must still agree. */
 	for (int it = 0; it < 20000; it++) {
-		int kind = rand_r(&seed) % 8;
+		int kind = rand_r(&seed) % 10;
 
 		switch (kind) {
 		case 0:
@@ -595,6 +1483,32 @@ int main(void)
 		case 6:
 			w_init(&w, rand_r(&seed) % 2 ? "dump" : "stats", 0);
 			break;
+		case 7: { /* a pool of 0..3 from 4 addresses, one not unicast */
+			static const __u8 pool[4][4] = { { 198, 51, 100, 1 }, { 198, 51, 100, 2 },
+							 { 203, 0, 113, 5 }, { 127, 0, 0, 1 } };
+			int n = rand_r(&seed) % 4, ports = rand_r(&seed) % 3;
+
+			w_init(&w, "set_nat", 1 + (ports ? 2 : 0));
+			w_key(&w, "snat_addrs");
+			msgpack_pack_array(&w.pk, (uint32_t)n);
+			for (int i = 0; i < n; i++)
+				msgpack_pack_bin_with_body(&w.pk, pool[rand_r(&seed) % 4], 4);
+			if (ports) {
+				w_uint(&w, "snat_port_min", (uint64_t)(rand_r(&seed) % 3) * 30000);
+				w_uint(&w, "snat_port_max", (uint64_t)(rand_r(&seed) % 3) * 30000 + 5);
+			}
+			break;
+		}
+		case 8: { /* a NAT VIP, IPv6 now and then (refused), snat or not */
+			size_t alen = rand_r(&seed) % 4 ? 4 : 16;
+			__u8 addr[16];
+
+			vip_addr(addr, alen, (__u8)(rand_r(&seed) % 8));
+			w_set_vip(&w, 1, rand_r(&seed) % 70, addr, alen,
+				  rand_r(&seed) % 5 ? LB_MODE_NAT : LB_MODE_DSR);
+			w_bool(&w, "snat", rand_r(&seed) % 2);
+			break;
+		}
 		default: {
 			__u8 raw[64];
 			size_t n = (size_t)(rand_r(&seed) % sizeof(raw)) + 1;
@@ -619,6 +1533,8 @@ int main(void)
 			break;
 	}
 	lb_proto_server_free(srv);
+	test_nat_restore();
+	test_no_nat();
 	if (failures) {
 		fprintf(stderr, "%d failures\n", failures);
 		return 1;

@@ -178,3 +178,41 @@ def test_the_installed_commands_name_modules_that_exist() -> None:
                          text=True, timeout=60, check=True).stdout
     for command in ("check", "run", "stats", "status", "demo", "bench"):
         assert command in out, (command, out)
+
+
+STATS = {
+    "counters": {"rx": 100, "fwd_tx": 90, "pass_not_vip": 10, "conn_new": 7, "conn_evict": 3},
+    "vips": [[0, 90, 5400]],
+    "backends": [[0, 60, 3600], [1, 30, 1800]],
+}
+CONNS = {"capacity": 1024, "entries": 256,
+         "by_state": {"syn_sent": 3, "established": 120, "udp_replied": 5},
+         "snat_ports_in_use": 12, "expired": 4567}
+
+
+def test_stats_are_tables_with_the_connection_table_when_reported() -> None:
+    """`hpclb stats` prints the data plane's reply as tables; the NAT connection
+    table (fill, states, evictions from conn_evict, SNAT ports, expiries) only
+    from a data plane that reports one."""
+    from hpclb.faces.cli import build_parser, render_stats
+
+    plain = render_stats(STATS)
+    lines = plain.splitlines()
+    assert lines[0] == "counters" and lines[1].split() == ["rx", "100"]
+    assert ["0", "60", "3600"] in [line.split() for line in lines]
+    assert "connection table" not in plain
+
+    text = render_stats({**STATS, "conns": CONNS})
+    section = text.split("connection table (NAT)\n")[1].splitlines()
+    rows = {line.split()[0]: line.split() for line in section}
+    assert rows["capacity"][:2] == ["capacity", "1024"]
+    assert rows["entries"][:3] == ["entries", "256", "25.0"]  # % full
+    assert rows["connections"] == ["connections", "128"]
+    assert rows["established"] == ["established", "120"] and section[3].startswith("    ")
+    assert rows["evictions"][:2] == ["evictions", "3"]  # the conn_evict counter
+    assert rows["SNAT"][:5] == ["SNAT", "ports", "in", "use", "12"]
+    assert rows["expired"][:2] == ["expired", "4567"]
+    empty = render_stats({"counters": {}, "conns": {"capacity": 0, "entries": 0,
+                                                   "by_state": {}}})
+    assert "no table" in empty and "Traceback" not in empty
+    assert build_parser().parse_args(["stats", "--json"]).json is True

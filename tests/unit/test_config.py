@@ -129,7 +129,7 @@ def test_example_round_trips_through_model_dump() -> None:
         (15, "        weight: -0.5", "t.yaml:15:", "backends[0].weight", "greater than or equal"),
         (15, "        weight: .inf", "t.yaml:15:", "backends[0].weight", "finite"),
         # modes and enums
-        (24, "    mode: nat", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
+        (24, "    mode: nat", "t.yaml:24:", "vips[0].mode", "b2 on the ingress interface eth0"),
         (24, "    mode: tunnel", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
         (23, "    protocol: sctp", "t.yaml:23:", "vips[0].protocol", "'tcp' or 'udp'"),
         (11, "    weights: adaptive", "t.yaml:11:", "pools.web.weights", "'static' or 'dynamic'"),

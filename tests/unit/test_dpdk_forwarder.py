@@ -8,11 +8,14 @@ protocol the protocol suite's (test_protocol_server.py), both on this binary.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +24,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+from scapy.layers.l2 import ARP, Ether
 
 from hpclb.balancing import maglev
-from hpclb.contract.tables import STAT_NAMES, Backend, BackendState, TableSet, Vip
+from hpclb.contract.tables import (
+    STAT_NAMES,
+    Backend,
+    BackendState,
+    NatConfig,
+    TableSet,
+    Vip,
+    VipMode,
+    mac_str,
+)
 from hpclb.dataplane import exception_path
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
@@ -35,6 +49,7 @@ from hpclb.dataplane.dpdk import (
 from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess
 from hpclb.host import install
+from hpclb.host import netns as host_netns
 from hpclb.lab import dpdk_telemetry
 
 pytestmark = [
@@ -146,6 +161,8 @@ def test_telemetry_socket_serves_the_forwarders_counters(netns: str, tmp_path: P
 @pytest.mark.parametrize(("extra", "message"), [
     (["--ring-size", "4"], "--ring-size must be a prime"),
     (["--flow-table-size", "3"], "--flow-table-size must be in"),
+    (["--conn-table-size", "7"], "--conn-table-size must be an even number in 4..33554432"),
+    (["--conn-table-size", "2"], "--conn-table-size must be an even number"),
     (["--numa", "sometimes"], "--numa must be strict or warn"),
     (["--netns", "../x"], "bad --netns name"),
     (["--port", "a:b:c"], "bad --port"),
@@ -340,3 +357,216 @@ def test_sigterm_stops_workers_and_exits_0(netns: str, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- NAT mode (lb_conn.h) on the real forwarder ------------------------------
+# The conformance suite compares every frame with the model; these check the
+# result against scapy's own reading of it (addresses, ports, checksums
+# recomputed from scratch) on one port: the wire is d1, the forwarder d0.
+
+CLIENT_MAC = "02:aa:00:00:00:01"
+BACKEND_MAC = "02:bb:00:00:00:10"
+CLIENT = "198.18.7.1"
+BACKEND = "198.18.2.1"
+NAT_VIP = "198.18.1.10"   # TCP 80 and UDP 53 -> the backend's 8080 and 5353
+SNAT_VIP = "198.18.1.11"  # TCP 80, with a source from the pool
+SNAT_ADDR = "198.18.9.1"
+PACKET_OUTGOING = 4
+
+
+def _nat_tables() -> TableSet:
+    t = TableSet(hash_key=bytes(range(16)), ring_size=65537)
+    t.backends[0] = Backend(0, ipaddress.IPv4Address(BACKEND), BACKEND_MAC, BackendState.UP)
+    ring = maglev.build_table([(0, "b0", 1.0)], 65537)
+    t.vips[5] = Vip(5, ipaddress.IPv4Address(NAT_VIP), 80, 6, mode=VipMode.NAT, nat_port=8080)
+    t.vips[6] = Vip(6, ipaddress.IPv4Address(NAT_VIP), 53, 17, mode=VipMode.NAT, nat_port=5353)
+    t.vips[7] = Vip(7, ipaddress.IPv4Address(SNAT_VIP), 80, 6, mode=VipMode.NAT, snat=True)
+    t.rings = {5: ring, 6: ring, 7: ring}
+    t.nat = NatConfig(snat_addrs=(ipaddress.IPv4Address(SNAT_ADDR),), snat_port_min=20000,
+                      snat_port_max=20999)
+    return t
+
+
+class Wire:
+    """AF_PACKET on d1, the far end of the forwarder's port 0."""
+
+    def __init__(self, ns: str) -> None:
+        with host_netns.inside(ns):
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            self.sock.bind(("d1", 0))
+
+    def exchange(self, frame: bytes, timeout: float = 3.0) -> Ether:
+        """Sends frame, returns the first frame of the same kind (ARP or IPv4)
+        the forwarder sends back."""
+        while select.select([self.sock], [], [], 0)[0]:
+            self.sock.recv(65536)
+        self.sock.send(frame)
+        kind = Ether(frame).type
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.sock], [], [], left)[0]:
+                break
+            data, addr = self.sock.recvfrom(65536)
+            if addr[2] != PACKET_OUTGOING and Ether(data).type == kind:
+                return Ether(data)
+        raise AssertionError(f"nothing came back for {Ether(frame).summary()}")
+
+
+def checksums_ok(pkt: Ether) -> bool:
+    """The IPv4 and L4 (or ICMP) checksums equal scapy's recomputation."""
+    again = Ether(bytes(pkt))
+    del again[IP].chksum
+    del again[IP].payload.chksum
+    again = Ether(bytes(again))
+    return (again[IP].chksum == pkt[IP].chksum
+            and again[IP].payload.chksum == pkt[IP].payload.chksum)
+
+
+@contextlib.contextmanager
+def nat_forwarder_in(ns: str, tmp: Path, lcores_map: str | None = None,
+                     **kw: object) -> Iterator[tuple[DataplaneProcess, str, Wire]]:
+    """The forwarder on d0 with _nat_tables pushed; lcores_map, if given,
+    replaces "-l" with an EAL --lcores map (more workers than this host's CPUs)."""
+    for knob in ("all", "default"):  # no kernel chatter between the frames
+        sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{knob}.disable_ipv6=1")
+    spec = launch(ns, tmp, conn_table_size=64, **kw)
+    argv = forwarder_argv(spec)
+    if lcores_map:
+        i = argv.index("-l")
+        argv[i:i + 2] = ["--lcores", lcores_map]
+    dp = DataplaneProcess(argv=argv, endpoint=spec.socket, pidfile=tmp / "pid",
+                          log_path=tmp / "log")
+    dp.start()
+    wire = Wire(ns)
+    try:
+        hello = dp.client.hello()
+        assert "nat" in hello["capabilities"] and hello["conn_table_size"] == 64
+        push_tables(dp.client, None, _nat_tables())
+        yield dp, mac_str(bytes(hello["ports"][0]["mac"])), wire
+    finally:
+        wire.sock.close()
+        dp.stop()
+    assert dp.returncode == 0
+
+
+@pytest.fixture
+def nat_forwarder(netns: str, tmp_path: Path) -> Iterator[tuple[DataplaneProcess, str, Wire]]:
+    with nat_forwarder_in(netns, tmp_path) as running:
+        yield running
+
+
+def test_nat_tcp_connection_is_translated_both_ways(
+        nat_forwarder: tuple[DataplaneProcess, str, Wire]) -> None:
+    dp, port_mac, wire = nat_forwarder
+    syn = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=NAT_VIP) / TCP(
+        sport=40000, dport=80, flags="S", seq=1000)
+    out = wire.exchange(bytes(syn))
+    # DNAT to the backend's address and port, the client's source kept.
+    assert (out.dst, out.src) == (BACKEND_MAC, port_mac)
+    assert (out[IP].src, out[IP].dst, out[TCP].sport, out[TCP].dport) == (
+        CLIENT, BACKEND, 40000, 8080)
+    assert out[TCP].flags == "S" and out[TCP].seq == 1000 and checksums_ok(out)
+
+    syn_ack = Ether(src=BACKEND_MAC, dst=port_mac) / IP(src=BACKEND, dst=CLIENT) / TCP(
+        sport=8080, dport=40000, flags="SA", seq=5000, ack=1001)
+    back = wire.exchange(bytes(syn_ack))
+    # Translated back: from the VIP, to the client's MAC.
+    assert (back.dst, back.src) == (CLIENT_MAC, port_mac)
+    assert (back[IP].src, back[IP].dst, back[TCP].sport, back[TCP].dport) == (
+        NAT_VIP, CLIENT, 80, 40000)
+    assert back[TCP].flags == "SA" and back[TCP].ack == 1001 and checksums_ok(back)
+
+    ack = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=NAT_VIP) / TCP(
+        sport=40000, dport=80, flags="A", seq=1001, ack=5001) / b"GET / HTTP/1.0\r\n\r\n"
+    out = wire.exchange(bytes(ack))
+    assert out[IP].dst == BACKEND and out[TCP].dport == 8080 and checksums_ok(out)
+    assert bytes(out[TCP].payload) == b"GET / HTTP/1.0\r\n\r\n"
+
+    stats = dp.client.stats()
+    counters = stats["counters"]
+    assert (counters["conn_new"], counters["conn_reply"], counters["conn_hit"]) == (1, 1, 1)
+    assert counters["fwd_tx"] == 3
+    conns = stats["conns"]
+    assert conns["capacity"] == 64 and conns["entries"] == 2
+    assert conns["by_state"]["established"] == 1 and conns["snat_ports_in_use"] == 0
+
+    # An RST that matches nothing opens nothing.
+    rst = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=NAT_VIP) / TCP(
+        sport=40999, dport=80, flags="R")
+    wire.sock.send(bytes(rst))
+    deadline = time.monotonic() + 3
+    while dp.client.stats()["counters"]["drop_conn_invalid"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_nat_snat_udp_and_icmp(nat_forwarder: tuple[DataplaneProcess, str, Wire]) -> None:
+    dp, port_mac, wire = nat_forwarder
+    # The pool address is answered for, like a VIP.
+    who = Ether(src=BACKEND_MAC, dst="ff:ff:ff:ff:ff:ff") / ARP(
+        op=1, hwsrc=BACKEND_MAC, psrc=BACKEND, pdst=SNAT_ADDR)
+    arp = wire.exchange(bytes(who))
+    assert arp[ARP].op == 2 and arp[ARP].psrc == SNAT_ADDR and arp[ARP].hwsrc == port_mac
+
+    # SNAT: the source becomes a pool pair, the reply to it comes back.
+    syn = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=SNAT_VIP) / TCP(
+        sport=40001, dport=80, flags="S")
+    out = wire.exchange(bytes(syn))
+    assert (out[IP].src, out[IP].dst, out[TCP].dport) == (SNAT_ADDR, BACKEND, 80)
+    snat_port = out[TCP].sport
+    assert 20000 <= snat_port <= 20999 and checksums_ok(out)
+    syn_ack = Ether(src=BACKEND_MAC, dst=port_mac) / IP(src=BACKEND, dst=SNAT_ADDR) / TCP(
+        sport=80, dport=snat_port, flags="SA")
+    back = wire.exchange(bytes(syn_ack))
+    assert (back.dst, back[IP].src, back[IP].dst, back[TCP].sport, back[TCP].dport) == (
+        CLIENT_MAC, SNAT_VIP, CLIENT, 80, 40001)
+    assert checksums_ok(back)
+    assert dp.client.stats()["conns"]["snat_ports_in_use"] == 1
+
+    # UDP, and the backend's port unreachable about it: the quote and the
+    # outer source become the VIP's again (lb_conn.h step 3).
+    query = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=NAT_VIP) / UDP(
+        sport=41000, dport=53) / b"query"
+    sent = wire.exchange(bytes(query))
+    assert (sent[IP].dst, sent[UDP].dport) == (BACKEND, 5353) and checksums_ok(sent)
+    unreach = (Ether(src=BACKEND_MAC, dst=port_mac) / IP(src=BACKEND, dst=CLIENT)
+               / ICMP(type=3, code=3) / bytes(sent[IP])[:28])
+    err = wire.exchange(bytes(unreach))
+    assert (err.dst, err[IP].src, err[IP].dst) == (CLIENT_MAC, NAT_VIP, CLIENT)
+    assert (err[IPerror].src, err[IPerror].dst) == (CLIENT, NAT_VIP)
+    assert (err[UDPerror].sport, err[UDPerror].dport) == (41000, 53)
+    assert checksums_ok(err)
+    # The quoted header's own checksum is the one the client sent.
+    assert err[IPerror].chksum == IP(bytes(query[IP])).chksum
+    assert TCPerror not in err
+    counters = dp.client.stats()["counters"]
+    assert (counters["conn_new"], counters["conn_reply"], counters["nat_icmp"]) == (2, 1, 1)
+    assert counters["arp_reply"] == 1
+
+
+def test_nat_replies_meet_their_connection_on_any_worker(netns: str, tmp_path: Path) -> None:
+    """Two workers, af_packet spreading frames over both queues by a hash of
+    each frame's own tuple: a reply (whose tuple is not the request's
+    reversed) lands on either worker and still finds its connection, in the
+    one table the workers share; the capacity stays exact."""
+    prefix = f"hlbf-{uuid.uuid4().hex[:8]}"
+    with nat_forwarder_in(netns, tmp_path, lcores_map="0@0,1@1,2@1", lcores=(0, 1, 2),
+                          ports=(DpdkPort(0, "af_packet", iface="d0", tap="exc0"),),
+                          file_prefix=prefix) as (dp, port_mac, wire):
+        for n in range(40):
+            syn = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=NAT_VIP) / TCP(
+                sport=42000 + n, dport=80, flags="S")
+            out = wire.exchange(bytes(syn))
+            assert (out[IP].dst, out[TCP].dport) == (BACKEND, 8080) and checksums_ok(out)
+            syn_ack = Ether(src=BACKEND_MAC, dst=port_mac) / IP(src=BACKEND, dst=CLIENT) / TCP(
+                sport=8080, dport=42000 + n, flags="SA")
+            back = wire.exchange(bytes(syn_ack))
+            assert (back[IP].src, back[TCP].sport, back[TCP].dport) == (NAT_VIP, 80, 42000 + n)
+            assert checksums_ok(back)
+        stats = dp.client.stats()
+        # 64 entries hold 32 connections: the 8 oldest went (all embryonic).
+        assert stats["conns"]["entries"] == 64 and stats["conns"]["by_state"]["syn_recv"] == 32
+        assert (stats["counters"]["conn_new"], stats["counters"]["conn_evict"]) == (40, 8)
+        assert stats["counters"]["conn_reply"] == 40
+        workers = dpdk_telemetry.query(prefix, "/hpclb/workers")
+        assert all(w["frames"] > 0 for w in workers.values()) and len(workers) == 2

@@ -23,10 +23,13 @@ STATUS: dict[str, Any] = {
                   "rate_limited": {"b1": 7},
                   "connections": {"pending": 5, "authenticated": 2, "listener_pauses": 1}},
     "dataplane_stats": {
-        "counters": {"rx": 100, "fwd_tx": 90, "pass_not_vip": 10},
+        "counters": {"rx": 100, "fwd_tx": 90, "pass_not_vip": 10, "conn_evict": 3},
         "vips": [[0, 90, 5400]],
         "backends": [[0, 60, 3600], [1, 30, 1800]],
         "ports": [{"rx_packets": 100, "rx_missed": 0}],
+        "conns": {"capacity": 1024, "entries": 256,
+                  "by_state": {"syn_sent": 3, "established": 120, "udp_replied": 5},
+                  "snat_ports_in_use": 12, "expired": 4567},
     },
 }
 
@@ -74,6 +77,24 @@ def test_exporter_serves_the_status_snapshot() -> None:
     assert got[("hpclb_telemetry_rate_limited_total", (("node", "b1"),))] == 7
     assert got[("hpclb_telemetry_connections", (("state", "pending"),))] == 5
     assert got[("hpclb_telemetry_listener_pauses_total", ())] == 1
+    # NAT mode's connection table; its events are packet counters like the others
+    assert got[("hpclb_conn_table_capacity", ())] == 1024
+    assert got[("hpclb_conn_table_entries", ())] == 256
+    assert got[("hpclb_conn_table_connections", (("state", "established"),))] == 120
+    assert got[("hpclb_conn_table_connections", (("state", "syn_sent"),))] == 3
+    assert got[("hpclb_snat_ports_in_use", ())] == 12
+    assert got[("hpclb_conn_table_expired_total", ())] == 4567
+    assert got[("hpclb_dataplane_packets_total", (("counter", "conn_evict"),))] == 3
+
+
+def test_no_connection_table_metrics_without_one() -> None:
+    """A data plane that reports no `conns` (DSR only, or an older build)
+    gets no connection-table metric at all, rather than zeros."""
+    status = {**STATUS, "dataplane_stats": {
+        k: v for k, v in STATUS["dataplane_stats"].items() if k != "conns"}}
+    names = {m.name for m in metrics.StatusCollector(lambda: status).collect()}
+    assert "hpclb_dataplane_packets" in names
+    assert not {n for n in names if n.startswith(("hpclb_conn_", "hpclb_snat_"))}
 
 
 def test_exporter_refuses_a_taken_port_and_frees_its_own() -> None:

@@ -13,11 +13,15 @@ check); the daemon's exit status then carries valgrind's verdict.
 
 ``test_server_selftest`` needs no root: it builds the protocol server (codec
 and ops) with tests/unit/proto_selftest.c (a fake data plane that can fail on demand) under
-ASan/UBSan and runs its checks and fuzz loop.
+ASan/UBSan and runs its checks and fuzz loop. It covers NAT mode's server side (set_nat,
+snat, dump's nat, stats' conns, restore) whatever the daemons implement; the NAT tests
+here run against a daemon whose hello lists the "nat" capability and skip, saying so,
+against one that does not.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import random
@@ -33,9 +37,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
+from hpclb.contract.tables import NatConfig, NatDown, Vip, VipMode
+from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
     DpdkPort,
@@ -43,6 +50,7 @@ from hpclb.dataplane.dpdk import (
     forwarder_argv,
     reserve_hugepages,
 )
+from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.host import install
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +74,13 @@ STAT_NAMES = [
     "conn_evict", "conn_reschedule", "nat_icmp", "drop_conn_full", "drop_snat_exhausted",
     "drop_backend_down", "drop_conn_invalid",
 ]
+
+CONN_STATE_NAMES = ["syn_sent", "syn_recv", "established", "fin_wait", "time_wait", "close",
+                    "udp_unreplied", "udp_replied"]  # LB_CONN_STATE_NAMES
+CONN_TIMEOUTS_DEFAULT = [120, 60, 432000, 120, 120, 10, 30, 120]  # LB_CONN_TIMEOUTS_DEFAULT
+NAT_DEFAULT = {"snat_addrs": [], "snat_port_min": 1024, "snat_port_max": 65535,
+               "on_backend_down": 0,
+               "timeouts": dict(zip(CONN_STATE_NAMES, CONN_TIMEOUTS_DEFAULT, strict=True))}
 
 PROTOCOL_VERSION = 2  # LB_PROTOCOL_VERSION
 VIP_ID = 3
@@ -283,11 +298,28 @@ def snapshot(c: Client) -> tuple[dict[str, Any], dict[int, bytes]]:
     return dump, rings
 
 
+def has_nat(c: Client) -> bool:
+    return "nat" in c.call("hello")["capabilities"]
+
+
+def nat_or_skip(c: Client) -> dict[str, Any]:
+    """hello's reply, or a skip saying why when the data plane has no NAT mode."""
+    h = c.call("hello")
+    if "nat" not in h["capabilities"]:
+        reason = f"data plane lacks NAT mode (capabilities: {', '.join(h['capabilities'])})"
+        print(reason)
+        pytest.skip(reason)
+    return h
+
+
 @pytest.fixture
 def configured(client: Client) -> Client:
-    """A known state: hash key, VIP 3 (10.0.0.1:80/tcp), backends 0..9, a ring."""
+    """A known state: hash key, VIP 3 (10.0.0.1:80/tcp), backends 0..9, a ring;
+    the default NAT configuration where the data plane has NAT mode."""
     for v in client.call("dump")["vips"]:
         client.call("del_vip", addr=v["addr"], port=v["port"], proto=v["proto"])
+    if has_nat(client):
+        client.call("set_nat")  # every field left out: the defaults
     client.call("set_config", hash_key=bytes(range(16)))
     client.call("set_vip", vip_id=VIP_ID, addr=VIP_ADDR, port=80, proto=6, mode=0)
     client.call("set_backends", backends=[backend(i) for i in range(NBACKENDS)])
@@ -342,6 +374,9 @@ def test_hello(client: Client, daemon: Daemon) -> None:
     assert (h["max_vips"], h["max_backends"], h["max_ports"]) == (MAX_VIPS, MAX_BACKENDS, 8)
     assert [p["index"] for p in h["ports"]] == [0, 1]
     assert all(len(p["mac"]) == 6 and p["ifindex"] > 0 for p in h["ports"])
+    # NAT mode: a connection table exactly when the "nat" capability is there.
+    assert isinstance(h["conn_table_size"], int)
+    assert (h["conn_table_size"] > 0) == ("nat" in h["capabilities"]), h
     if daemon.kind == "xdp":
         assert h["attach_mode"] == "none"  # --no-attach
         assert [p["ifname"] for p in h["ports"]] == ["va", "vb"]
@@ -396,7 +431,8 @@ def test_tables_round_trip(configured: Client, daemon: Daemon) -> None:
     c = configured
     dump = c.call("dump")
     assert dump["vips"] == [{"vip_id": VIP_ID, "addr": VIP_ADDR, "port": 80, "proto": 6,
-                             "mode": 0, "nat_port": 0}]
+                             "mode": 0, "nat_port": 0, "snat": False}]
+    assert dump["nat"] == NAT_DEFAULT
     assert dump["backends"] == [backend(i) for i in range(NBACKENDS)]
     ring = reference_ring()
     assert c.call("get_ring", vip_id=VIP_ID)["slots"] == ring_bytes(ring)
@@ -468,13 +504,15 @@ def test_ipv6_vip_and_backends_round_trip(configured: Client, daemon: Daemon) ->
     """Protocol 2: an IPv6 VIP and IPv6 backends are stored, dumped and deleted
     next to the IPv4 ones (the fast path does not forward IPv6 yet)."""
     c = configured
-    v4 = {"vip_id": VIP_ID, "addr": VIP_ADDR, "port": 80, "proto": 6, "mode": 0, "nat_port": 0}
+    v4 = {"vip_id": VIP_ID, "addr": VIP_ADDR, "port": 80, "proto": 6, "mode": 0, "nat_port": 0,
+          "snat": False}
     # The same port and protocol as the IPv4 VIP: another key.
     c.call("set_vip", vip_id=10, addr=VIP6_ADDR, port=80, proto=6, mode=0,
            slots=ring_bytes([20, 21] * (RING_SIZE // 2) + [20]))
     c.call("set_backends", backends=[backend6(20), backend6(21, state=1, port=0)])
     dump = c.call("dump")
-    v6 = {"vip_id": 10, "addr": VIP6_ADDR, "port": 80, "proto": 6, "mode": 0, "nat_port": 0}
+    v6 = {"vip_id": 10, "addr": VIP6_ADDR, "port": 80, "proto": 6, "mode": 0, "nat_port": 0,
+          "snat": False}
     assert dump["vips"] == [v4, v6]
     assert dump["backends"] == [backend(i) for i in range(NBACKENDS)] + [
         backend6(20), backend6(21, state=1, port=0)]
@@ -497,8 +535,8 @@ def test_ipv6_vip_and_backends_round_trip(configured: Client, daemon: Daemon) ->
 
 @needs_root
 def test_nat_port_and_tunnel_src_are_stored(configured: Client) -> None:
-    """Decoded, checked and reported by dump; NAT and tunnel modes themselves
-    are not served yet (a refused request changes nothing)."""
+    """Decoded, checked and reported by dump with a DSR VIP; the tunnel mode
+    itself is not served yet (a refused request changes nothing)."""
     c = configured
     c.call("set_vip", vip_id=11, addr=bytes([10, 0, 0, 11]), port=443, proto=6, mode=0,
            nat_port=8443, tunnel_src=bytes([192, 0, 2, 1]))
@@ -506,12 +544,15 @@ def test_nat_port_and_tunnel_src_are_stored(configured: Client) -> None:
            tunnel_src=bytes.fromhex("fd00000000000000000000000000aaaa"))
     vips = {v["vip_id"]: v for v in c.call("dump")["vips"]}
     assert vips[11] == {"vip_id": 11, "addr": bytes([10, 0, 0, 11]), "port": 443, "proto": 6,
-                        "mode": 0, "nat_port": 8443, "tunnel_src": bytes([192, 0, 2, 1])}
+                        "mode": 0, "nat_port": 8443, "snat": False,
+                        "tunnel_src": bytes([192, 0, 2, 1])}
     assert vips[12]["nat_port"] == 0
     assert vips[12]["tunnel_src"] == bytes.fromhex("fd00000000000000000000000000aaaa")
+    before = c.call("dump")["vips"]
     r = c.req({**V, "op": "set_vip", "vip_id": 11, "addr": bytes([10, 0, 0, 11]), "port": 443,
-               "proto": 6, "mode": 1, "nat_port": 9000})
+               "proto": 6, "mode": 2, "nat_port": 9000})
     assert not r["ok"] and "mode not supported by this data plane" in r["error"]
+    assert c.call("dump")["vips"] == before
     # The same key and id again rewrites the extras (as it rewrites the mode).
     c.call("set_vip", vip_id=11, addr=bytes([10, 0, 0, 11]), port=443, proto=6, mode=0)
     vips = {v["vip_id"]: v for v in c.call("dump")["vips"]}
@@ -538,6 +579,8 @@ def test_stats(configured: Client) -> None:
     assert [row[0] for row in s["vips"]] == [VIP_ID]
     assert [row[0] for row in s["backends"]] == list(range(NBACKENDS))
     assert all(len(row) == 3 for row in s["vips"] + s["backends"])
+    if not has_nat(configured):
+        assert "conns" not in s  # no NAT mode, no connection table
 
 
 # --- rejected messages: error reply, daemon up, tables unchanged ------------
@@ -587,16 +630,17 @@ BAD: list[tuple[Any, str]] = [
     ({**GOOD_VIP, "tunnel_src": bytes(6)},
      "field 'tunnel_src' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 6"),
     ({**GOOD_VIP, "tunnel_src": "10.0.0.1"}, "field 'tunnel_src' must be bin"),
-    ({**GOOD_VIP, "mode": 1, "nat_port": 8080}, "mode not supported by this data plane"),
     ({**GOOD_VIP, "mode": 2, "tunnel_src": bytes(16)}, "mode not supported by this data plane"),
-    ({**GOOD_VIP, "addr": VIP6_ADDR, "mode": 1}, "mode not supported by this data plane"),
     ({**GOOD_VIP, "addr": "10.0.0.9"}, "field 'addr' must be bin"),
     ({**GOOD_VIP, "port": 0}, "field 'port' out of range"),
     ({**GOOD_VIP, "port": 65536}, "field 'port' out of range"),
     ({**GOOD_VIP, "proto": 1}, "field 'proto'"),
-    ({**GOOD_VIP, "mode": 1}, "mode not supported by this data plane"),
     ({**GOOD_VIP, "mode": 2}, "mode not supported by this data plane"),
     ({**GOOD_VIP, "mode": 3}, "field 'mode' out of range"),
+    ({**GOOD_VIP, "snat": True}, "field 'snat': only a NAT VIP (mode 1) takes SNAT, field "
+     "'mode' is 0"),
+    ({**GOOD_VIP, "snat": 1}, "field 'snat' must be bool, got unsigned integer"),
+    ({**GOOD_VIP, "mode": 2, "snat": True}, "mode not supported by this data plane"),
     (_without(GOOD_VIP, "port"), "missing field 'port'"),
     (_without(GOOD_VIP, "mode"), "missing field 'mode'"),
     ({**GOOD_VIP, "vip_id": VIP_ID}, "already used by another VIP"),
@@ -665,12 +709,208 @@ BAD: list[tuple[Any, str]] = [
 @needs_root
 @pytest.mark.parametrize(("request_", "needle"), BAD, ids=[f"bad{i}" for i in range(len(BAD))])
 def test_rejected(configured: Client, daemon: Daemon, request_: Any, needle: str) -> None:
-    before = snapshot(configured)
-    reply = configured.raw(msgpack.packb(request_, use_bin_type=True))
+    assert_rejected(configured, daemon, request_, needle)
+
+
+def assert_rejected(c: Client, daemon: Daemon, request_: Any, needle: str) -> None:
+    before = snapshot(c)
+    reply = c.raw(msgpack.packb(request_, use_bin_type=True))
     assert not reply["ok"], reply
     assert needle in reply["error"], reply["error"]
     daemon.assert_alive()
-    assert snapshot(configured) == before
+    assert snapshot(c) == before
+
+
+# --- NAT mode ------------------------------------------------------------------
+# Against a data plane whose hello lists "nat"; the others skip, saying so
+# (the server's NAT logic is proto_selftest.c's either way).
+
+SET_NAT = {**V, "op": "set_nat"}
+NAT_VIP = {**GOOD_VIP, "mode": 1}
+POOL = [bytes([198, 51, 100, 1]), bytes([198, 51, 100, 2])]
+NOT_UNICAST = [[0, 1, 2, 3], [127, 0, 0, 1], [224, 0, 0, 1], [239, 255, 255, 250],
+               [240, 0, 0, 1], [255, 255, 255, 255]]
+
+# What a data plane with NAT mode refuses, from its default NAT configuration.
+NAT_BAD: list[tuple[Any, str]] = [
+    # set_vip
+    ({**NAT_VIP, "addr": VIP6_ADDR},
+     "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6"),
+    ({**NAT_VIP, "snat": True}, "field 'snat': no SNAT pool configured (set_nat)"),
+    ({**NAT_VIP, "snat": "yes"}, "field 'snat' must be bool, got str"),
+    ({**GOOD_VIP, "mode": 2}, "field 'mode' is 2, only 0 (dsr) and 1 (nat) are implemented"),
+    # set_nat: every field's bounds
+    ({**SET_NAT, "snat_addrs": "198.51.100.1"}, "field 'snat_addrs' must be an array, got str"),
+    ({**SET_NAT, "snat_addrs": [bytes([10, 9, 0, i]) for i in range(1, 18)]},
+     "field 'snat_addrs' has 17 entries, at most 16 allowed"),
+    ({**SET_NAT, "snat_addrs": [POOL[0], VIP6_ADDR]},
+     "field 'snat_addrs[1]' must be bin of 4 bytes (NAT mode is IPv4 only), got 16"),
+    ({**SET_NAT, "snat_addrs": ["198.51.100.1"]}, "field 'snat_addrs[0]' must be bin, got str"),
+    *[({**SET_NAT, "snat_addrs": [POOL[0], bytes(a)]},
+       f"field 'snat_addrs[1]': {'.'.join(map(str, a))} is not a unicast address")
+      for a in NOT_UNICAST],
+    ({**SET_NAT, "snat_addrs": [POOL[0], POOL[1], POOL[0]]},
+     "field 'snat_addrs[2]': 198.51.100.1 appears twice (also snat_addrs[0])"),
+    ({**SET_NAT, "snat_port_min": 0}, "field 'snat_port_min' out of range: 0 (allowed 1..65535)"),
+    ({**SET_NAT, "snat_port_min": 65536}, "field 'snat_port_min' out of range: 65536"),
+    ({**SET_NAT, "snat_port_min": -1}, "field 'snat_port_min' out of range: -1"),
+    ({**SET_NAT, "snat_port_min": "1024"},
+     "field 'snat_port_min' must be an unsigned integer, got str"),
+    ({**SET_NAT, "snat_port_max": 0}, "field 'snat_port_max' out of range: 0 (allowed 1..65535)"),
+    ({**SET_NAT, "snat_port_max": 65536}, "field 'snat_port_max' out of range: 65536"),
+    ({**SET_NAT, "snat_port_min": 2000, "snat_port_max": 1999},
+     "field 'snat_port_min': 2000 is above snat_port_max 1999"),
+    ({**SET_NAT, "snat_port_max": 1000},  # against the default minimum
+     "field 'snat_port_min': 1024 is above snat_port_max 1000"),
+    ({**SET_NAT, "on_backend_down": 2}, "field 'on_backend_down' out of range: 2 (allowed 0..1)"),
+    ({**SET_NAT, "on_backend_down": None}, "field 'on_backend_down' must be an unsigned integer"),
+    ({**SET_NAT, "timeouts": [1]}, "field 'timeouts' must be a map, got array"),
+    ({**SET_NAT, "timeouts": {"established": 60, "establishd": 60}},
+     "field 'timeouts': unknown connection state 'establishd' (known: syn_sent, syn_recv, "
+     "established, fin_wait, time_wait, close, udp_unreplied, udp_replied)"),
+    ({**SET_NAT, "timeouts": {"ESTABLISHED": 60}}, "unknown connection state 'ESTABLISHED'"),
+    ({**SET_NAT, "timeouts": {"established": 0}},
+     "field 'timeouts.established' out of range: 0 (allowed 1..2147483647)"),
+    ({**SET_NAT, "timeouts": {"udp_replied": 2**31}},
+     "field 'timeouts.udp_replied' out of range: 2147483648 (allowed 1..2147483647)"),
+    ({**SET_NAT, "timeouts": {"close": "10"}},
+     "field 'timeouts.close' must be an unsigned integer, got str"),
+    ({**SET_NAT, "timeouts": {1: 5}}, "keys of timeouts must be str"),
+]
+
+# What a data plane without NAT mode refuses instead.
+WITHOUT_NAT_BAD: list[tuple[Any, str]] = [
+    ({**NAT_VIP, "nat_port": 8080}, "mode not supported by this data plane: field 'mode' is 1, "
+     "only 0 (dsr) is implemented"),
+    ({**NAT_VIP, "addr": VIP6_ADDR}, "mode not supported by this data plane"),
+    ({**NAT_VIP, "snat": True}, "mode not supported by this data plane"),
+    (SET_NAT, "op 'set_nat' not supported: this data plane has no NAT mode"),
+    ({**SET_NAT, "snat_port_min": 0}, "op 'set_nat' not supported: this data plane has no NAT"),
+]
+
+
+@needs_root
+@pytest.mark.parametrize(("request_", "needle"), NAT_BAD,
+                         ids=[f"nat_bad{i}" for i in range(len(NAT_BAD))])
+def test_rejected_nat(configured: Client, daemon: Daemon, request_: Any, needle: str) -> None:
+    nat_or_skip(configured)
+    assert_rejected(configured, daemon, request_, needle)
+
+
+@needs_root
+@pytest.mark.parametrize(("request_", "needle"), WITHOUT_NAT_BAD,
+                         ids=[f"no_nat_bad{i}" for i in range(len(WITHOUT_NAT_BAD))])
+def test_rejected_without_nat(configured: Client, daemon: Daemon, request_: Any,
+                              needle: str) -> None:
+    if has_nat(configured):
+        pytest.skip("the data plane has NAT mode: test_rejected_nat covers it")
+    assert_rejected(configured, daemon, request_, needle)
+
+
+@needs_root
+def test_set_nat_dump_round_trip(configured: Client) -> None:
+    c = configured
+    nat_or_skip(c)
+    assert c.call("dump")["nat"] == NAT_DEFAULT
+    c.call("set_nat", snat_addrs=POOL, snat_port_min=20000, snat_port_max=20999,
+           on_backend_down=1, timeouts={"established": 3600, "udp_unreplied": 5})
+    nat = c.call("dump")["nat"]
+    assert nat == {"snat_addrs": POOL, "snat_port_min": 20000, "snat_port_max": 20999,
+                   "on_backend_down": 1,
+                   "timeouts": {**NAT_DEFAULT["timeouts"], "established": 3600,
+                                "udp_unreplied": 5}}
+    assert list(nat) == ["snat_addrs", "snat_port_min", "snat_port_max", "on_backend_down",
+                         "timeouts"]
+    assert list(nat["timeouts"]) == CONN_STATE_NAMES
+    # dump's nat, sent back, is the same configuration.
+    before = snapshot(c)
+    c.call("set_nat", **nat)
+    assert snapshot(c) == before
+    # The bounds themselves are accepted.
+    bounds = {"snat_addrs": [bytes([1 if i == 0 else 223, 255, i, 254]) for i in range(16)],
+              "snat_port_min": 65535, "snat_port_max": 65535, "on_backend_down": 0,
+              "timeouts": {n: 2**31 - 1 if i % 2 else 1 for i, n in enumerate(CONN_STATE_NAMES)}}
+    c.call("set_nat", **bounds)
+    assert c.call("dump")["nat"] == bounds
+    c.call("set_nat", snat_port_min=1, snat_port_max=1)
+    # The request is the whole configuration: no field, the defaults.
+    c.call("set_nat")
+    assert c.call("dump")["nat"] == NAT_DEFAULT
+
+
+@needs_root
+def test_snat_rule(configured: Client) -> None:
+    """A VIP with snat needs a SNAT address; the pool cannot be emptied under it."""
+    c = configured
+    nat_or_skip(c)
+    key = {"addr": bytes([10, 0, 0, 20]), "port": 80, "proto": 6}
+    nat_vip = {"vip_id": 20, **key, "mode": 1}
+    ring = [i % NBACKENDS for i in range(RING_SIZE)]
+    # A NAT VIP without SNAT needs no pool; its ring travels with it.
+    c.call("set_vip", **nat_vip, nat_port=8080, slots=ring_bytes(ring))
+    assert c.call("get_ring", vip_id=20)["slots"] == ring_bytes(ring)
+    r = c.req({**V, "op": "set_vip", **nat_vip, "snat": True})
+    assert not r["ok"] and "field 'snat': no SNAT pool configured (set_nat)" in r["error"]
+    c.call("set_nat", snat_addrs=POOL[:1])
+    c.call("set_vip", **nat_vip, snat=True)
+    vips = {v["vip_id"]: v for v in c.call("dump")["vips"]}
+    assert vips[20] == {**nat_vip, "nat_port": 0, "snat": True}
+    for emptying in ({}, {"snat_addrs": []}, {"snat_port_min": 2000}):
+        r = c.req({**SET_NAT, **emptying})
+        assert not r["ok"] and "field 'snat_addrs': VIP 20 uses SNAT" in r["error"], r
+    assert c.call("dump")["nat"]["snat_addrs"] == POOL[:1]
+    c.call("set_nat", snat_addrs=POOL[1:])  # another pool is fine
+    c.call("set_vip", **nat_vip)  # without snat: the pool may go
+    assert {v["vip_id"]: v for v in c.call("dump")["vips"]}[20]["snat"] is False
+    c.call("set_nat")
+    # ...and so it may once the VIP is gone.
+    c.call("set_nat", snat_addrs=POOL)
+    c.call("set_vip", **nat_vip, snat=True)
+    c.call("del_vip", **key)
+    c.call("set_nat")
+    assert c.call("dump")["nat"] == NAT_DEFAULT
+
+
+@needs_root
+def test_stats_conns(configured: Client) -> None:
+    h = nat_or_skip(configured)
+    conns = configured.call("stats")["conns"]
+    assert list(conns) == ["capacity", "entries", "by_state", "snat_ports_in_use", "expired"]
+    assert list(conns["by_state"]) == CONN_STATE_NAMES
+    values = [conns[k] for k in ("capacity", "entries", "snat_ports_in_use", "expired")]
+    assert all(isinstance(v, int) and v >= 0 for v in [*values, *conns["by_state"].values()])
+    assert conns["capacity"] == h["conn_table_size"]
+    assert conns["entries"] <= conns["capacity"]
+
+
+@needs_root
+def test_push_with_nat(configured: Client, daemon: Daemon) -> None:
+    """client.py and push.py against the real server: a NAT configuration and a
+    SNAT VIP pushed, read back equal by fetch_tables, then taken away again."""
+    nat_or_skip(configured)
+    client = DataplaneClient(daemon.endpoint, timeout_s=10.0)
+    try:
+        held = fetch_tables(client)
+        assert held.nat == NatConfig()
+        desired = fetch_tables(client)
+        timeouts = list(desired.nat.timeouts_s)
+        timeouts[2] = 7200
+        desired.nat = NatConfig(snat_addrs=(ipaddress.IPv4Address("198.51.100.9"),),
+                                snat_port_min=30000, snat_port_max=30999,
+                                on_backend_down=NatDown.DROP, timeouts_s=tuple(timeouts))
+        snat_vip = Vip(vip_id=21, addr=ipaddress.IPv4Address("10.0.0.21"), port=443, proto=6,
+                       mode=VipMode.NAT, nat_port=8443, snat=True)
+        desired.vips[21] = snat_vip
+        desired.rings[21] = np.full(RING_SIZE, 1, dtype=np.uint32)
+        report = push_tables(client, held, desired)
+        assert report.nat_set and report.vips_set == 1
+        back = fetch_tables(client)
+        assert back.nat == desired.nat and back.vips == desired.vips
+        assert push_tables(client, back, desired).summary().startswith("nat=same key=same")
+        push_tables(client, back, held)  # the VIP goes first, then the pool
+        assert fetch_tables(client).nat == NatConfig()
+    finally:
+        client.close()
 
 
 @needs_root
@@ -766,7 +1006,10 @@ def test_mutated_requests(configured: Client, daemon: Daemon) -> None:
     seeds = [GOOD_VIP, GOOD_BACKENDS, {**V, "op": "hello"}, {**V, "op": "dump"},
              {**V, "op": "get_ring", "vip_id": VIP_ID}, {**V, "op": "set_backend_state",
                                                          "id": 1, "state": 2},
-             {**V, "op": "patch_ring", "vip_id": VIP_ID, "patch": struct.pack("<4I", 1, 1, 2, 2)}]
+             {**V, "op": "patch_ring", "vip_id": VIP_ID, "patch": struct.pack("<4I", 1, 1, 2, 2)},
+             {**V, "op": "set_nat", "snat_addrs": POOL, "snat_port_min": 2000,
+              "timeouts": {"established": 60}},
+             {**NAT_VIP, "snat": True}, {**V, "op": "stats"}]
     for _ in range(300):
         raw = bytearray(msgpack.packb(rng.choice(seeds)))
         for _ in range(rng.randrange(1, 4)):
@@ -794,7 +1037,7 @@ def test_client_refuses_a_peer_of_another_version(tmp_path: Path, answer_ok: boo
     """A fake REP peer speaking version 1: hello raises a DataplaneError that
     says which versions meet and what to do, whether the old peer refuses the
     request (what a real version-1 data plane does) or answers it."""
-    from hpclb.dataplane.client import DataplaneClient, DataplaneError
+    from hpclb.dataplane.client import DataplaneError
 
     endpoint = f"ipc://{tmp_path}/old.sock"
     ctx = zmq.Context()

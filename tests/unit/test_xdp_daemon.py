@@ -233,6 +233,12 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
     assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
     assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
     assert _bpftool_show(pins / "vip_map")["bytes_key"] == 20
+    # NAT mode's maps are pinned with the rest (tests/unit/test_xdp_nat.py
+    # drives them).
+    conn_map = _bpftool_show(pins / "conn_map")
+    assert (conn_map["bytes_key"], conn_map["bytes_value"]) == (16, 40)
+    assert _bpftool_show(pins / "conn_fifo")["max_entries"] == conn_map["max_entries"]
+    assert _bpftool_show(pins / "nat_config_map")["bytes_value"] == 108
 
     (tmp_path / "2").mkdir()
     second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach")
@@ -246,11 +252,15 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
     assert "adopted the pinned tables" in log, log
 
     # The previous layout: flow_map keyed by the 40-byte struct lb_flow_key,
-    # and no vip4_map.
+    # no vip4_map, VIP entries of 24 bytes (before nat_flags).
     (pins / "vip4_map").unlink()
     (pins / "flow_map").unlink()
+    (pins / "vip_map").unlink()
     subprocess.run(["bpftool", "map", "create", str(pins / "flow_map"), "type", "lru_hash",
                     "key", "40", "value", "16", "entries", "1024", "name", "flow_map"],
+                   check=True)
+    subprocess.run(["bpftool", "map", "create", str(pins / "vip_map"), "type", "hash",
+                    "key", "20", "value", "24", "entries", "64", "name", "vip_map"],
                    check=True)
     (tmp_path / "3").mkdir()
     third = start_daemon(netns, "va", tmp_path / "3", "--egress", "wa", "--no-attach")
@@ -259,6 +269,7 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
         assert not held.vips, "tables of the previous layout are not adopted"
         assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
         assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
+        assert _bpftool_show(pins / "vip_map")["bytes_value"] == 28
     finally:
         log = stop_daemon(third)
     assert "adopted the pinned tables" not in log, log

@@ -29,10 +29,14 @@ from pydantic import ValidationError
 from hpclb.config.schema import (
     ApplianceConfig,
     BackendConfig,
+    ConnTimeouts,
     HpclbConfig,
     InterfacesConfig,
     Loc,
+    NatConfig,
     PoolConfig,
+    PortRange,
+    SnatConfig,
     VipConfig,
     XdpConfig,
     _Problems,
@@ -117,7 +121,8 @@ if getattr(yaml, "__with_libyaml__", False):
     _FastLoader = _CLoader
 
 _MERGE = "tag:yaml.org,2002:merge"
-_MODELS = (HpclbConfig, ApplianceConfig, InterfacesConfig, XdpConfig, PoolConfig, BackendConfig)
+_MODELS = (HpclbConfig, ApplianceConfig, InterfacesConfig, XdpConfig, PoolConfig, BackendConfig,
+           NatConfig, SnatConfig, PortRange, ConnTimeouts)
 _KNOWN_KEYS = sorted({key for model in (*_MODELS, VipConfig) for key in model.model_fields})
 
 

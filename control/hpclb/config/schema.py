@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from enum import StrEnum
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_address
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -45,6 +46,10 @@ DEFAULT_TELEMETRY_PORT = 5557
 IPV6_NOT_FORWARDED = (
     "IPv6 is not yet forwarded by the data planes (the table contract carries it since "
     "protocol 2); use an IPv4 address"
+)
+NAT_IPV4_ONLY = (
+    "NAT mode is IPv4 only (its connection table keys are IPv4 5-tuples, lb_conn.h); "
+    "use an IPv4 address"
 )
 
 
@@ -113,8 +118,8 @@ class VipProtocol(StrEnum):
 
 
 class ForwardingMode(StrEnum):
-    DSR = "dsr"
-    NAT = "nat"  # reserved (lb_vip_mode LB_MODE_NAT)
+    DSR = "dsr"  # the backend holds the VIP and answers the client directly
+    NAT = "nat"  # stateful NAT gateway: DNAT in, reverse out (LB_MODE_NAT, lb_conn.h)
     TUNNEL = "tunnel"  # reserved (LB_MODE_TUNNEL)
 
 
@@ -314,6 +319,13 @@ class PoolConfig(_Strict):
     # Health probe of every backend of the pool; none: only the admin state and
     # (with an agent) missed heartbeats take a backend out.
     probe: ProbeConfig | None = None
+    # For the NAT VIPs of this pool (mode: nat): the port its backends listen
+    # on (default: each VIP's own port), and whether connections also take a
+    # source address and port from nat.snat (backends whose default route is
+    # not the appliance). A VIP's own backend_port and snat win over these; a
+    # DSR VIP cannot use a pool that sets either.
+    backend_port: int | None = Field(None, strict=True, ge=1, le=65535)
+    snat: bool = False
     backends: list[BackendConfig] = Field(default_factory=list, max_length=tables.MAX_BACKENDS)
 
 
@@ -348,20 +360,162 @@ class TelemetryConfig(_Strict):
         return None if self.bind is None else self.bind[len("tcp://"):].rpartition(":")[0]
 
 
+class NatDownPolicy(StrEnum):
+    """What a NAT VIP's down backend does to its connections (enum lb_nat_down)."""
+
+    # Like DSR's re-hash: the next packet opens a connection on an up backend
+    # (a TCP one is then reset by that backend, which has no socket for it; a
+    # UDP one simply goes on there).
+    RESCHEDULE = "reschedule"
+    DROP = "drop"  # dropped until the backend returns or the connection times out
+
+
+def _nat_family(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
+    if v.version != 4:
+        raise ValueError(NAT_IPV4_ONLY)
+    # The data planes' rule (lb_proto_nat_check): not 0.0.0.0/8, loopback,
+    # multicast or 240.0.0.0/4 (reserved, the broadcast address included).
+    if v in IPv4Network("0.0.0.0/8") or v.is_multicast or v.is_loopback or v.is_reserved:
+        raise ValueError(f"{v} is not a unicast address")
+    return v
+
+
+# A SNAT pool address: IPv4 (NAT mode is), unicast.
+SnatAddress = Annotated[
+    IPv4Address | IPv6Address, BeforeValidator(_ip_address), AfterValidator(_nat_family)
+]
+_PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*")
+
+
+class PortRange(_Strict):
+    """Inclusive L4 port range, written "1024-65535" or {min: 1024, max: 65535}."""
+
+    min: int = Field(1024, strict=True, ge=1, le=65535)
+    max: int = Field(65535, strict=True, ge=1, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        if isinstance(v, str) and (m := _PORT_RANGE.fullmatch(v)) is not None:
+            return {"min": int(m[1]), "max": int(m[2])}
+        if not isinstance(v, dict | PortRange):
+            raise ValueError("expected a range 'MIN-MAX' (e.g. '1024-65535') or "
+                             "{min: 1024, max: 65535}")
+        return v
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PortRange:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
+class SnatConfig(_Strict):
+    """Source NAT for the NAT VIPs that ask for it (`snat: true` on the VIP or
+    its pool): each connection takes an address of `addresses` and a port of
+    `ports`; the backends' replies come back to that address."""
+
+    addresses: list[SnatAddress] = Field(min_length=1, max_length=tables.MAX_SNAT_ADDRS)
+    ports: PortRange = Field(default_factory=PortRange)
+
+    @field_validator("addresses")
+    @classmethod
+    def _distinct(cls, v: list[IPv4Address]) -> list[IPv4Address]:
+        twice = sorted({str(a) for i, a in enumerate(v) if a in v[:i]})
+        if twice:
+            raise ValueError(f"listed twice: {', '.join(twice)}")
+        return v
+
+
+# The table protocol's bound on set_nat's timeouts (PROTOCOL.md): seconds that
+# fit a signed 32-bit count, about 68 years.
+CONN_TIMEOUT_MAX_S = 2**31 - 1
+
+
+def _timeout(state: tables.ConnState) -> Any:
+    return Field(tables.CONN_TIMEOUTS_DEFAULT[state], strict=True, ge=1, le=CONN_TIMEOUT_MAX_S)
+
+
+class ConnTimeouts(_Strict):
+    """Idle timeouts of NAT connections by state, in seconds (one field per
+    name of tables.CONN_STATE_NAMES). The defaults are the kernel conntrack's
+    (nf_conntrack_tcp_timeout_*, nf_conntrack_udp_timeout{,_stream})."""
+
+    syn_sent: int = _timeout(tables.ConnState.SYN_SENT)
+    syn_recv: int = _timeout(tables.ConnState.SYN_RECV)
+    established: int = _timeout(tables.ConnState.ESTABLISHED)
+    fin_wait: int = _timeout(tables.ConnState.FIN_WAIT)
+    time_wait: int = _timeout(tables.ConnState.TIME_WAIT)
+    close: int = _timeout(tables.ConnState.CLOSE)
+    udp_unreplied: int = _timeout(tables.ConnState.UDP_UNREPLIED)
+    udp_replied: int = _timeout(tables.ConnState.UDP_REPLIED)
+
+    def by_state(self) -> tuple[int, ...]:
+        """The timeouts in enum lb_conn_state order (NatConfig.timeouts_s)."""
+        return tuple(getattr(self, name) for name in tables.CONN_STATE_NAMES)
+
+
+class NatConfig(_Strict):
+    """NAT mode (VIPs with `mode: nat`): one section for the appliance."""
+
+    # Connection-table entries, two per connection (one per direction); the
+    # data plane sizes its table when it starts: a change takes effect at its
+    # next start.
+    conn_table_size: int = Field(tables.CONN_TABLE_DEFAULT, strict=True,
+                                 ge=tables.CONN_TABLE_MIN, le=tables.CONN_TABLE_MAX)
+    on_backend_down: NatDownPolicy = NatDownPolicy.RESCHEDULE
+    timeouts: ConnTimeouts = Field(default_factory=ConnTimeouts)
+    snat: SnatConfig | None = None
+
+    @field_validator("conn_table_size")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError(f"must be even (two entries per connection), got {v}")
+        return v
+
+
 class VipConfig(_Strict):
     name: Name
-    address: ServiceAddress
+    # Declared before the address, whose check reads it (NAT is IPv4 only).
+    mode: ForwardingMode = ForwardingMode.DSR
+    address: Annotated[IPv4Address | IPv6Address, BeforeValidator(_ip_address)]
     port: int = Field(strict=True, ge=1, le=65535)
     protocol: VipProtocol = VipProtocol.TCP
-    mode: ForwardingMode = ForwardingMode.DSR
     pool: Name
+    # NAT mode only; each wins over the pool's setting of the same name.
+    backend_port: int | None = Field(None, strict=True, ge=1, le=65535)
+    snat: bool | None = None
 
     @field_validator("mode")
     @classmethod
     def _implemented(cls, v: ForwardingMode) -> ForwardingMode:
-        if v is not ForwardingMode.DSR:
-            raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' is)")
+        if v is ForwardingMode.TUNNEL:
+            raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' and "
+                             "'nat' are)")
         return v
+
+    @field_validator("address")
+    @classmethod
+    def _family(cls, v: IPv4Address | IPv6Address,
+                info: ValidationInfo) -> IPv4Address | IPv6Address:
+        if v.version != 4 and info.data.get("mode") is ForwardingMode.NAT:
+            raise ValueError(NAT_IPV4_ONLY)
+        return _forwarded_family(v)
+
+    @model_validator(mode="after")
+    def _nat_fields(self) -> VipConfig:
+        if self.mode is ForwardingMode.NAT:
+            return self
+        problems: list[tuple[Loc, str]] = []
+        if self.backend_port is not None:
+            problems.append((("backend_port",), "only a NAT VIP (mode: nat) maps ports: a "
+                             f"{self.mode.value} backend answers from the VIP's port itself"))
+        if self.snat:
+            problems.append((("snat",), "only a NAT VIP (mode: nat) takes SNAT"))
+        if problems:
+            raise _Problems(problems)
+        return self
 
 
 class HpclbConfig(_Strict):
@@ -369,6 +523,26 @@ class HpclbConfig(_Strict):
     telemetry: TelemetryConfig | None = None
     pools: dict[Name, PoolConfig] = Field(default_factory=dict)
     vips: list[VipConfig] = Field(default_factory=list, max_length=tables.MAX_VIPS)
+    nat: NatConfig = Field(default_factory=NatConfig)
+
+    def vip_backend_port(self, vip: VipConfig) -> int:
+        """The port a VIP's backends listen on: its backend_port, else its
+        pool's (NAT VIPs only: both refused with DSR), else the VIP's port."""
+        pool = self.pools.get(vip.pool)
+        for port in (vip.backend_port, pool.backend_port if pool else None):
+            if port is not None:
+                return port
+        return vip.port
+
+    def vip_snat(self, vip: VipConfig) -> bool:
+        """Whether a NAT VIP's connections take a SNAT address: the VIP's
+        snat, else its pool's. Never for a DSR VIP."""
+        if vip.mode is not ForwardingMode.NAT:
+            return False
+        if vip.snat is not None:
+            return vip.snat
+        pool = self.pools.get(vip.pool)
+        return bool(pool and pool.snat)
 
     def empty_pool_warnings(self) -> list[str]:
         """One line per VIP whose pool has no backend. Valid (a pool may await
@@ -417,6 +591,62 @@ class HpclbConfig(_Strict):
                 add((loc, f"{host} is a VIP: clients would reach the {what} service "
                           "through it; bind the management address"))
 
+    def _check_nat(self, add: Callable[[tuple[Loc, str]], None]) -> None:
+        """NAT VIPs: two interfaces (clients on the ingress port, backends behind
+        an egress port), SNAT addresses when asked for, pool settings only NAT
+        VIPs can use; SNAT addresses that are no one else's."""
+        interfaces = self.appliance.interfaces
+        dsr_users: dict[str, int] = {}  # pool -> the first DSR VIP using it
+        for i, vip in enumerate(self.vips):
+            pool = self.pools.get(vip.pool)
+            if pool is None:
+                continue  # reported as an unknown pool
+            if vip.mode is not ForwardingMode.NAT:
+                dsr_users.setdefault(vip.pool, i)
+                continue
+            if not interfaces.egress:
+                add((("vips", i, "mode"),
+                     "NAT mode needs two interfaces: clients on appliance.interfaces.ingress "
+                     f"({interfaces.ingress}), backends behind an egress interface "
+                     "(appliance.interfaces.egress is empty)"))
+            else:
+                one_arm = [b.name for b in pool.backends if b.via is None]
+                if one_arm:
+                    shown = ", ".join(one_arm[:5]) + (
+                        f" and {len(one_arm) - 5} more" if len(one_arm) > 5 else "")
+                    add((("vips", i, "mode"),
+                         f"NAT mode needs the backends behind an egress interface, but pool "
+                         f"{vip.pool!r} has {shown} on the ingress interface "
+                         f"{interfaces.ingress} (no `via`): give each a `via:` of "
+                         f"appliance.interfaces.egress ({', '.join(interfaces.egress)})"))
+            if self.vip_snat(vip) and self.nat.snat is None:
+                loc: Loc = ("vips", i, "snat") if vip.snat else ("pools", vip.pool, "snat")
+                add((loc, f"SNAT for VIP {vip.name!r} needs addresses: add "
+                          "nat.snat.addresses"))
+        for name, i in dsr_users.items():
+            pool = self.pools[name]
+            for key, given in (("backend_port", pool.backend_port is not None),
+                               ("snat", pool.snat)):
+                if given:
+                    add((("pools", name, key),
+                         f"only NAT VIPs can use {key}, and {self.vips[i].mode.value} VIP "
+                         f"{self.vips[i].name!r} uses this pool: set it on the NAT VIPs "
+                         "instead"))
+        if self.nat.snat is None:
+            return
+        taken: dict[IPv4Address | IPv6Address, str] = {}
+        for vip in self.vips:
+            taken.setdefault(vip.address, f"VIP {vip.name!r}'s address")
+        for pool_name, pool in self.pools.items():
+            for b in pool.backends:
+                taken.setdefault(b.address, f"backend {b.name!r}'s address (pool {pool_name})")
+        if self.appliance.management_address is not None:
+            taken.setdefault(self.appliance.management_address, "the management address")
+        for i, addr in enumerate(self.nat.snat.addresses):
+            if addr in taken:
+                add((("nat", "snat", "addresses", i), f"{addr} is {taken[addr]}: a SNAT "
+                     "address must be the appliance's alone"))
+
     @model_validator(mode="after")
     def _cross_check(self) -> HpclbConfig:
         problems: list[tuple[Loc, str]] = []
@@ -448,6 +678,7 @@ class HpclbConfig(_Strict):
                         )
                     )
         self._check_service_addresses(add)
+        self._check_nat(add)
         if len(seen_backend) > tables.MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {tables.MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}

@@ -47,14 +47,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from hpclb.balancing import maglev
-from hpclb.config import ConfigError, HpclbConfig, load_config
+from hpclb.config import ConfigError, ForwardingMode, HpclbConfig, VipConfig, load_config
 from hpclb.contract.tables import (
     MAX_BACKENDS,
     MAX_VIPS,
     PROTOCOLS,
     Backend,
+    NatConfig,
+    NatDown,
     TableSet,
     Vip,
+    VipMode,
 )
 from hpclb.controller.backends import BackendDecider, BackendDecision
 from hpclb.controller.events import ProbeVerdict, TelemetryArrived
@@ -153,6 +156,30 @@ def pool_ring(decisions: tuple[BackendDecision, ...], ids: dict[str, int],
     """Maglev ring of a pool from its backends' decided weights (already 0 for a
     backend that is not UP: controller.backends)."""
     return maglev.build_table([(ids[d.name], d.name, d.weight) for d in decisions], ring_size)
+
+
+def nat_tables(config: HpclbConfig) -> NatConfig:
+    """The data plane's NAT settings (struct lb_nat_config) from the `nat:` section."""
+    nat = config.nat
+    snat = nat.snat
+    return NatConfig(
+        snat_addrs=tuple(ipaddress.IPv4Address(a) for a in snat.addresses) if snat else (),
+        snat_port_min=snat.ports.min if snat else NatConfig.snat_port_min,
+        snat_port_max=snat.ports.max if snat else NatConfig.snat_port_max,
+        on_backend_down=NatDown[nat.on_backend_down.name],
+        timeouts_s=nat.timeouts.by_state(),
+    )
+
+
+def vip_entry(config: HpclbConfig, vip: VipConfig, vip_id: int) -> Vip:
+    """The data plane's VIP (struct lb_vip_entry) of a configured one: a NAT
+    VIP carries its backends' port (explicit, even when it is the VIP's) and
+    whether it takes SNAT."""
+    proto = PROTOCOLS[vip.protocol.value]
+    if vip.mode is ForwardingMode.NAT:
+        return Vip(vip_id, vip.address, vip.port, proto, mode=VipMode.NAT,
+                   nat_port=config.vip_backend_port(vip), snat=config.vip_snat(vip))
+    return Vip(vip_id, vip.address, vip.port, proto)
 
 
 class StartError(Exception):
@@ -319,8 +346,9 @@ class Controller:
         ids = checkpoint.backends.ids
         for v in config.vips:
             vid = checkpoint.vips.get(v.name)
-            tables.vips[vid] = Vip(vid, v.address, v.port, PROTOCOLS[v.protocol.value])
+            tables.vips[vid] = vip_entry(config, v, vid)
             tables.rings[vid] = self._ring(v.pool, decisions[v.pool], app.ring_size, ids)
+        tables.nat = nat_tables(config)
         return tables, decisions
 
     # --- pushing -------------------------------------------------------------
@@ -346,8 +374,13 @@ class Controller:
 
     def _restart_only(self, config: HpclbConfig) -> HpclbConfig:
         """``config`` with the settings a running data plane cannot change (its
-        command line: data plane, interfaces, socket, ring) kept as in force."""
-        if dataplane_argv(config, self.choice) == self.dataplane.argv:
+        command line: data plane, interfaces, socket, ring) kept as in force.
+        The connection table's size is the exception: the running data plane
+        keeps its table, and the new size is what its next start gets (a
+        restart of hpclb, or of a data plane that exited; ``_commit``)."""
+        same_size = config.model_copy(update={"nat": config.nat.model_copy(
+            update={"conn_table_size": self.config.nat.conn_table_size})})
+        if dataplane_argv(same_size, self.choice) == self.dataplane.argv:
             return config
         log.warning("data plane, interface, socket or ring settings changed: restart "
                     "hpclb to apply them; applying the rest now")
@@ -386,6 +419,15 @@ class Controller:
     def _commit(self, prepared: Prepared) -> None:
         """Put a prepared configuration in force and push its tables."""
         config = prepared.config
+        # The next start's command line: ``_restart_only`` lets only the
+        # connection table's size differ from the running data plane's.
+        argv = dataplane_argv(config, self.choice)
+        if argv != self.dataplane.argv:
+            log.warning("nat.conn_table_size %d -> %d entries: takes effect at the next "
+                        "data-plane start; the running data plane keeps its table and its "
+                        "connections", self.config.nat.conn_table_size,
+                        config.nat.conn_table_size)
+            self.dataplane.argv = argv
         self.config = config
         self.decider = prepared.decider
         self.checkpoint = prepared.checkpoint
@@ -419,10 +461,28 @@ class Controller:
             "data plane %s, attach mode %s, ring size %s",
             hello.get("dataplane"), hello.get("attach_mode"), hello.get("ring_size"),
         )
+        self._check_nat_support(hello, adopted)
         self.current = None  # read back what it holds, adopted or fresh
         self._commit(prepared)
         self._started = True
         self._last_turn = time.monotonic()  # a long start-up is not a stalled loop
+
+    def _check_nat_support(self, hello: dict[str, Any], adopted: bool) -> None:
+        """Warnings, never a refusal: a data plane without NAT mode (whose set_vip
+        refuses NAT VIPs, a push error retried) or an adopted one whose connection
+        table is not the configured size (it keeps it: a restart would drop
+        every connection; the size takes effect at its next start)."""
+        nat_vips = [v.name for v in self.config.vips if v.mode is ForwardingMode.NAT]
+        if nat_vips and "nat" not in hello.get("capabilities", ()):
+            log.error("NAT VIPs %s: the %s data plane has no NAT mode (its capabilities: "
+                      "%s); their pushes are refused", ", ".join(nat_vips),
+                      hello.get("dataplane"), ", ".join(hello.get("capabilities", ())))
+        size = hello.get("conn_table_size")
+        want = self.config.nat.conn_table_size
+        if adopted and size and size != want:
+            log.warning("running data plane has a %s-entry connection table, "
+                        "nat.conn_table_size is %d: takes effect at the next data-plane "
+                        "start", size, want)
 
     def reload(self) -> bool:
         """Re-read the configuration file; put it in force whole, or refuse it

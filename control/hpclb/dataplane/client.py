@@ -14,11 +14,13 @@ import numpy as np
 import zmq
 
 from hpclb.contract.tables import (
+    CONN_STATE_NAMES,
     PROTOCOL_VERSION,
     RING_PATCH_DTYPE,
     Backend,
     BackendState,
     IPAddress,
+    NatConfig,
     Vip,
     mac_bytes,
 )
@@ -118,6 +120,8 @@ class DataplaneClient:
         }
         if vip.tunnel_src is not None:
             fields["tunnel_src"] = vip.tunnel_src.packed
+        if vip.snat:  # only when set: a request without it reads as before
+            fields["snat"] = True
         if ring is not None:
             fields["slots"] = ring.astype("<u4").tobytes()
         self.call("set_vip", **fields)
@@ -156,8 +160,27 @@ class DataplaneClient:
         reply = self.call("get_ring", vip_id=vip_id)
         return np.frombuffer(reply["slots"], dtype="<u4").copy()
 
+    def set_nat(self, nat: NatConfig) -> None:
+        """Replace the data plane's whole NAT configuration (every field is sent)."""
+        if len(nat.timeouts_s) != len(CONN_STATE_NAMES):
+            raise ValueError(f"NatConfig.timeouts_s has {len(nat.timeouts_s)} entries, "
+                             f"one per connection state ({len(CONN_STATE_NAMES)}) expected")
+        self.call(
+            "set_nat",
+            snat_addrs=[a.packed for a in nat.snat_addrs],
+            snat_port_min=nat.snat_port_min,
+            snat_port_max=nat.snat_port_max,
+            on_backend_down=int(nat.on_backend_down),
+            timeouts=dict(zip(CONN_STATE_NAMES, (int(t) for t in nat.timeouts_s), strict=True)),
+        )
+
     def dump(self) -> dict[str, Any]:
         return self.call("dump")
 
     def stats(self) -> dict[str, Any]:
+        """The reply as it comes: ``counters``, ``vips``, ``backends``, and from
+        the data planes that have them ``ports`` and (NAT mode) ``conns``:
+        ``{"capacity", "entries", "by_state": {state name: connections},
+        "snat_ports_in_use", "expired"}``, an empty map when the data plane
+        could not read its connection table."""
         return self.call("stats")

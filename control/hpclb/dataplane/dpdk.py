@@ -15,6 +15,7 @@ from typing import Literal
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
+from hpclb.contract.tables import CONN_TABLE_MAX, CONN_TABLE_MIN
 from hpclb.host import install
 
 PortDriver = Literal["af_xdp", "af_packet", "pci"]
@@ -71,6 +72,9 @@ class DpdkLaunch:
     ring_size: int = 65537
     flow_table_size: int = 262144  # per worker
     flow_timeout_s: int = 300
+    #: NAT connection-table entries (two per connection), one table for all
+    #: workers; None: the forwarder's default (CONN_TABLE_DEFAULT).
+    conn_table_size: int | None = None
     idle_sleep_us: int = 0  # 0: busy-poll, the worker owns its core
     numa: Literal["strict", "warn"] = "warn"
     hugepages: bool = True
@@ -86,6 +90,10 @@ class DpdkLaunch:
             raise ValueError("the DPDK forwarder needs two lcores: a main one and a worker")
         if len(set(self.lcores)) != len(self.lcores):
             raise ValueError(f"lcores repeat: {self.lcores}")
+        size = self.conn_table_size
+        if size is not None and (not CONN_TABLE_MIN <= size <= CONN_TABLE_MAX or size % 2):
+            raise ValueError(f"conn_table_size must be an even number in {CONN_TABLE_MIN}.."
+                             f"{CONN_TABLE_MAX}, got {size}")
 
     @property
     def workers(self) -> int:
@@ -105,7 +113,12 @@ def forwarder_argv(launch: DpdkLaunch) -> list[str]:
         flow_timeout_s=launch.flow_timeout_s, idle_sleep_us=launch.idle_sleep_us,
         numa=launch.numa, netns=launch.netns,
     )
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    argv = [line.strip() for line in text.splitlines() if line.strip()]
+    # The forwarder's own options follow "--" and end the vector: this one
+    # is appended rather than templated, and only when set.
+    if launch.conn_table_size is not None:
+        argv += ["--conn-table-size", str(launch.conn_table_size)]
+    return argv
 
 
 # --- host facts ------------------------------------------------------------

@@ -4,21 +4,34 @@
 read back from the data plane when unknown) to ``desired`` with the fewest
 operations: the hash key if it changed; backends (a ring may only name
 backends the data plane knows); VIPs that went away or changed (deleted first,
-so that a key moving to another id is free); new and changed VIPs together
-with their rings (the ring is written before the VIP goes live); for VIPs
-that stay, a patch of the changed slots, so a weight change never rewrites
-65537 slots; last, backends no longer configured
-become UNUSED, once no ring names them.
+so that a key moving to another id is free); the NAT configuration if it
+changed; new and changed VIPs together with their rings (the ring is written
+before the VIP goes live); for VIPs that stay, a patch of the changed slots,
+so a weight change never rewrites 65537 slots; last, backends no longer
+configured become UNUSED, once no ring names them.
+
+The NAT configuration's place follows the data plane's SNAT rule (PROTOCOL.md,
+set_vip and set_nat): a VIP with ``snat`` needs a SNAT address when it is set,
+and the pool cannot be emptied while such a VIP is configured. After the
+deletions every VIP left is one ``desired`` keeps unchanged, and before the
+additions none of the new or changed VIPs exists yet: so a new or grown pool
+is there before the VIPs that need it, and a pool is emptied only once the
+VIPs that used it are gone.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
 from hpclb.contract.ringdiff import diff_tables
 from hpclb.contract.tables import (
+    CONN_STATE_NAMES,
     Backend,
     BackendState,
+    NatConfig,
+    NatDown,
     TableSet,
     Vip,
     VipMode,
@@ -31,6 +44,7 @@ from hpclb.dataplane.client import DataplaneClient
 @dataclass
 class PushReport:
     config_set: bool = False
+    nat_set: bool = False
     backends_set: int = 0
     vips_set: int = 0
     vips_deleted: int = 0
@@ -39,6 +53,7 @@ class PushReport:
 
     def summary(self) -> str:
         return (
+            f"nat={'new' if self.nat_set else 'same'} "
             f"key={'new' if self.config_set else 'same'} "
             f"backends={self.backends_set} vips={self.vips_set} "
             f"vips_deleted={self.vips_deleted} "
@@ -54,6 +69,11 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     diff against what is really there, deletions included.
     """
     report = PushReport()
+    snat_vips = sorted(vid for vid, vip in desired.vips.items() if vip.snat)
+    if snat_vips and not desired.nat.snat_addrs:
+        raise ValueError(
+            f"VIPs {snat_vips} use SNAT but the NAT configuration has no SNAT address"
+        )
     if current is None:
         current = fetch_tables(client)
     if current.ring_size != desired.ring_size:
@@ -80,6 +100,10 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
         if desired.vips.get(vip_id) != vip:
             client.del_vip(vip.addr, vip.port, vip.proto)
             report.vips_deleted += 1
+    # Between the deletions and the additions: see the module's docstring.
+    if _nat_key(current.nat) != _nat_key(desired.nat):
+        client.set_nat(desired.nat)
+        report.nat_set = True
     for vip_id, vip in desired.vips.items():
         ring = desired.rings[vip_id]
         if old_vips.get(vip_id) != vip:
@@ -103,6 +127,23 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     return report
 
 
+def _nat_key(nat: NatConfig) -> tuple[object, ...]:
+    """What set_nat would send: NatConfigs built with lists or plain ints compare
+    by value."""
+    return (tuple(nat.snat_addrs), int(nat.snat_port_min), int(nat.snat_port_max),
+            int(nat.on_backend_down), tuple(int(t) for t in nat.timeouts_s))
+
+
+def nat_from_wire(nat: dict[str, Any]) -> NatConfig:
+    """dump's ``nat`` map as a NatConfig (equal to the one set_nat was sent)."""
+    timeouts = nat["timeouts"]
+    return NatConfig(
+        snat_addrs=tuple(ipaddress.IPv4Address(bytes(a)) for a in nat["snat_addrs"]),
+        snat_port_min=int(nat["snat_port_min"]),
+        snat_port_max=int(nat["snat_port_max"]),
+        on_backend_down=NatDown(int(nat["on_backend_down"])),
+        timeouts_s=tuple(int(timeouts[name]) for name in CONN_STATE_NAMES),
+    )
 
 
 def fetch_tables(client: DataplaneClient) -> TableSet:
@@ -113,6 +154,8 @@ def fetch_tables(client: DataplaneClient) -> TableSet:
     """
     dump = client.dump()
     tables = TableSet(hash_key=bytes(dump["hash_key"]), ring_size=int(dump["ring_size"]))
+    if "nat" in dump:  # a data plane older than NAT mode holds the defaults
+        tables.nat = nat_from_wire(dump["nat"])
     for b in dump["backends"]:
         tables.backends[int(b["id"])] = Backend(
             backend_id=int(b["id"]),
@@ -130,6 +173,7 @@ def fetch_tables(client: DataplaneClient) -> TableSet:
             mode=VipMode(int(v["mode"])),
             nat_port=int(v.get("nat_port", 0)),
             tunnel_src=addr_from_wire(bytes(v["tunnel_src"])) if "tunnel_src" in v else None,
+            snat=bool(v.get("snat", False)),
         )
         tables.vips[vip.vip_id] = vip
         tables.rings[vip.vip_id] = client.get_ring(vip.vip_id)

@@ -94,6 +94,7 @@ def xdp_argv(config: HpclbConfig) -> list[str]:
         "--socket", app.control_socket,
         "--ring-size", str(app.ring_size),
         "--flow-table-size", str(app.xdp.flow_table_size),
+        "--conn-table-size", str(config.nat.conn_table_size),
         "--xdp-mode", app.xdp.mode.value,
         "--pin-dir", f"/sys/fs/bpf/hpclb/{app.name}",
     ]
@@ -120,6 +121,7 @@ def dpdk_launch(config: HpclbConfig) -> DpdkLaunch:
         netns=app.netns, ring_size=app.ring_size, flow_table_size=d.flow_table_size,
         flow_timeout_s=d.flow_timeout_s, idle_sleep_us=d.idle_sleep_us, numa=d.numa.value,
         socket_mem_mb=d.hugepages_mb, file_prefix=f"hpclb-{app.name}",
+        conn_table_size=config.nat.conn_table_size,
     )
 
 

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpclb.config import ConfigError, load_config
 
@@ -110,14 +111,60 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rows(rows: Sequence[Sequence[object]], header: Sequence[str] | None = None,
+          align: str = "lrrr") -> list[str]:
+    """Indented rows of aligned columns, column i (l)eft- or (r)ight-aligned
+    as ``align[i]`` says."""
+    table = [list(map(str, r)) for r in ([header] if header else []) + list(rows)]
+    if not table:
+        return []
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return ["  " + "  ".join(cell.ljust(widths[i]) if align[i] == "l" else cell.rjust(widths[i])
+                             for i, cell in enumerate(r)).rstrip()
+            for r in table]
+
+
+def render_stats(stats: dict[str, Any]) -> str:
+    """The data plane's stats reply as tables: packet counters, per VIP and per
+    backend, the NIC counters (DPDK) and, from a data plane with NAT mode, the
+    connection table (`hpclb stats --json` prints the reply itself)."""
+    counters: dict[str, int] = stats.get("counters", {})
+    out = ["counters", *_rows(list(counters.items()))]
+    for kind in ("vips", "backends"):
+        rows = stats.get(kind) or []
+        if rows:
+            out += [kind, *_rows([r[:3] for r in rows], (kind[:-1] + " id", "packets", "bytes"))]
+    for index, port in enumerate(stats.get("ports") or []):
+        out += [f"port {index}", *_rows(list(port.items()))]
+    conns = stats.get("conns")
+    if conns is not None:
+        capacity, entries = int(conns.get("capacity", 0)), int(conns.get("entries", 0))
+        fill = f"{100 * entries / capacity:.1f} % full" if capacity else "no table"
+        by_state: dict[str, int] = conns.get("by_state", {})
+        out += ["connection table (NAT)", *_rows([
+            ("capacity", capacity, "entries, two per connection"),
+            ("entries", entries, fill),
+            ("connections", sum(by_state.values()), ""),
+            *((f"  {name}", n, "") for name, n in by_state.items()),
+            ("evictions", counters.get("conn_evict", 0), "embryonic connections evicted"),
+            ("SNAT ports in use", conns.get("snat_ports_in_use", 0), ""),
+            ("expired", conns.get("expired", 0), "connections ended by idle timeouts"),
+        ], align="lrl")]
+    return "\n".join(out)
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from hpclb.dataplane.client import DataplaneClient
 
     client = DataplaneClient(args.socket, timeout_s=2.0)
     try:
-        print(json.dumps(client.stats(), indent=1, default=lambda b: b.hex()))
+        stats = client.stats()
     finally:
         client.close()
+    if args.json:
+        print(json.dumps(stats, indent=1, default=lambda b: b.hex()))
+    else:
+        print(render_stats(stats))
     return 0
 
 
@@ -160,8 +207,10 @@ def build_parser(extra_commands: Sequence[AddCommands] = ()) -> argparse.Argumen
     )
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("stats", help="counters of a running data plane")
+    p = sub.add_parser("stats", help="counters of a running data plane (and its NAT "
+                       "connection table)")
     p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
+    p.add_argument("--json", action="store_true", help="the data plane's reply as JSON")
     p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser("status", help="health, decided weights, telemetry and probe counters of "

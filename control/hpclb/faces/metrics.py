@@ -144,6 +144,30 @@ def _dataplane(d: Mapping[str, Any] | None) -> Iterator[Metric]:
         for name, n in counters.items():
             ports.add_metric([str(index), name], float(n))
     yield ports
+    yield from _conns(d.get("conns"))
+
+
+def _conns(c: Mapping[str, Any] | None) -> Iterator[Metric]:
+    """NAT mode's connection table, from a data plane that has one. Its events
+    (conn_new, conn_evict, drop_conn_full...) are packet counters, exported
+    with the others as hpclb_dataplane_packets{counter=...}."""
+    if c is None:
+        return
+    yield GaugeMetricFamily("hpclb_conn_table_capacity",
+                            "Connection-table entries (two per NAT connection)",
+                            value=float(c.get("capacity", 0)))
+    yield GaugeMetricFamily("hpclb_conn_table_entries", "Connection-table entries in use",
+                            value=float(c.get("entries", 0)))
+    states = GaugeMetricFamily("hpclb_conn_table_connections", "NAT connections by state",
+                               labels=["state"])
+    for state, n in c.get("by_state", {}).items():
+        states.add_metric([state], float(n))
+    yield states
+    yield GaugeMetricFamily("hpclb_snat_ports_in_use", "NAT connections holding a SNAT port",
+                            value=float(c.get("snat_ports_in_use", 0)))
+    yield CounterMetricFamily("hpclb_conn_table_expired",
+                              "NAT connections removed by their idle timeout",
+                              value=float(c.get("expired", 0)))
 
 
 class Exporter:

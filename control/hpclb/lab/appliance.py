@@ -22,9 +22,11 @@ from typing import Any
 
 import yaml
 
+from hpclb.config.loader import ConfigError, parse_config
 from hpclb.dataplane import exception_path
 from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.supervisor import stop_child, terminate_pid
+from hpclb.lab.gateway import CLUSTER_ETH, GatewayLab
 from hpclb.lab.topology import Lab
 
 LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
@@ -55,6 +57,14 @@ class LabAppliance:
     comparing two builds that speak different table protocols) passes that
     tree's command and ``PYTHONPATH``, and talks to its data plane with that
     tree's client, not :attr:`client` (this tree's).
+
+    ``mode``: the VIPs' forwarding mode, ``"dsr"`` (the one-LAN ``Lab``) or
+    ``"nat"`` (a ``GatewayLab``: the appliance between the client and the cluster
+    network, ``eth0`` the ingress, ``eth1`` the egress every backend is reached
+    through, the management address on the cluster side). ``nat``: the
+    configuration's ``nat:`` section as a dict, written as given; ``vip_options``:
+    more fields of every VIP (e.g. a NAT VIP's backend port). :meth:`config_problem`
+    says whether this build's configuration accepts what would be written.
     """
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
@@ -65,8 +75,18 @@ class LabAppliance:
                  telemetry: dict[str, Any] | None = None,
                  metrics: str | None = None,
                  command_prefix: Sequence[str] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 mode: str = "dsr",
+                 nat: dict[str, Any] | None = None,
+                 vip_options: dict[str, Any] | None = None) -> None:
+        if mode not in ("dsr", "nat"):
+            raise ValueError(f"lab appliance mode must be dsr or nat, got {mode!r}")
+        if (mode == "nat") != isinstance(lab, GatewayLab):
+            raise ValueError("NAT mode runs on a GatewayLab (two networks), DSR on a Lab")
         self.lab = lab
+        self.mode = mode
+        self.nat = nat
+        self.vip_options = dict(vip_options or {})
         self.command_prefix = (list(command_prefix) if command_prefix is not None
                                else [sys.executable, "-m", "hpclb.faces.cli"])
         self.env = dict(env) if env is not None else None
@@ -97,10 +117,12 @@ class LabAppliance:
     # --- configuration ------------------------------------------------------
 
     def config(self) -> dict[str, Any]:
+        gateway = self.mode == "nat"
         backends = [
             {"name": name, "address": self.lab.ip_of(name), "weight": w,
              "state": self.states[name]}
             | ({"mac": self.lab.mac(name)} if self.static_macs else {})
+            | ({"via": CLUSTER_ETH} if gateway else {})
             for name, w in self.weights.items()
         ]
         pool: dict[str, Any] = {"weights": self.weights_mode}
@@ -110,15 +132,22 @@ class LabAppliance:
             pool["probe"] = self.probe
         pool["backends"] = backends
         telemetry = {} if self.telemetry is None else {"telemetry": self.telemetry}
+        nat = {} if self.nat is None else {"nat": self.nat}
+        interfaces: dict[str, Any] = {"ingress": "eth0"}
+        if gateway:
+            interfaces["egress"] = [CLUSTER_ETH]
+        # The services (metrics, telemetry by default) listen on one of the
+        # appliance's own lab addresses, never on a VIP: in the gateway lab the
+        # cluster side, where the agents and the probes are.
+        management = (self.lab.gateway_ip if isinstance(self.lab, GatewayLab)
+                      else self.lab.ip_of("lb"))
         return {
             "appliance": {
                 "name": self.name,
                 "dataplane": self.dataplane,
-                "interfaces": {"ingress": "eth0"},
+                "interfaces": interfaces,
                 "netns": self.lab.lb_ns,
-                # The services (metrics, and telemetry by default) listen on the
-                # appliance's own lab address, never on a VIP.
-                "management_address": self.lab.ip_of("lb"),
+                "management_address": management,
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
                 **({"metrics": self.metrics} if self.metrics else {}),
@@ -130,14 +159,25 @@ class LabAppliance:
                          "flow_table_size": 65536},
             },
             **telemetry,
+            **nat,
             "pools": {"lab": pool},
             "vips": [
                 {"name": "lab-tcp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "tcp",
-                 "mode": "dsr", "pool": "lab"},
+                 "mode": self.mode, "pool": "lab", **self.vip_options},
                 {"name": "lab-udp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "udp",
-                 "mode": "dsr", "pool": "lab"},
+                 "mode": self.mode, "pool": "lab", **self.vip_options},
             ],
         }
+
+    def config_problem(self) -> str | None:
+        """Why this build's configuration refuses what :meth:`config` would write
+        (the schema's own words), or None when it accepts it. A NAT lab asks this
+        before starting anything: a build without NAT mode says so here."""
+        try:
+            parse_config(yaml.safe_dump(self.config(), sort_keys=False), "lab appliance")
+        except ConfigError as err:
+            return str(err)
+        return None
 
     def _write_config(self) -> None:
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))

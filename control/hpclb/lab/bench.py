@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -45,17 +46,19 @@ from hpclb.lab.topology import Lab
 TRAFGEN_TEMPLATE = "templates/trafgen_udp64.cfg.j2"  # package data of hpclb
 
 
-def write_trafgen_config(lab: Lab, path: Path, flows: int) -> Path:
+def write_trafgen_config(lab: Lab, path: Path, flows: int, dst_ip: str = LAB_VIP,
+                         dport: int = LAB_PORT) -> Path:
     """trafgen's configuration at ``path``: 64-byte UDP frames from the client
-    to the VIP, source ports 1024.. over ``flows`` flows."""
+    to ``dst_ip`` (the VIP) through the appliance's MAC, source ports 1024..
+    over ``flows`` flows."""
     path.write_text(Template(files("hpclb").joinpath(TRAFGEN_TEMPLATE).read_text()).render(
         dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"), src_ip=lab.ip_of("cli"),
-        dst_ip=LAB_VIP, dport=LAB_PORT, sport_first=1024, flows=flows,
+        dst_ip=dst_ip, dport=dport, sport_first=1024, flows=flows,
     ))
     return path
 
 
-def _xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
+def xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
     """Sum of a veth's per-queue XDP counters (ethtool -S)."""
     out = lab.exec(ns, ["ethtool", "-S", ifname]).stdout
     totals: dict[str, int] = {}
@@ -64,13 +67,18 @@ def _xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
     return totals
 
 
-def _trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None = None,
-           settle_s: float = 0.0) -> dict[str, float]:
-    """Run the generator for ``seconds`` (at ``rate_pps``, or as fast as it
-    goes); return offered and forwarded rates and the frames lost."""
-    peer = lab.peer("lb")
-    start_in = _xdp_counters(lab, "lb", "eth0")
-    start_out = _xdp_counters(lab, "br", peer)
+def xdp_packets(lab: Lab, ns: str, ifname: str) -> int:
+    """Frames an XDP program on a veth has seen (its rx XDP counter)."""
+    return xdp_counters(lab, ns, ifname).get("xdp_packets", 0)
+
+
+def run_generator(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None,
+                  offered: Callable[[], int], forwarded: Callable[[], int],
+                  settle_s: float = 0.0) -> dict[str, float]:
+    """Run trafgen in the client namespace for ``seconds`` (at ``rate_pps``, or
+    as fast as it goes), counting with ``offered`` and ``forwarded`` (read
+    before, and ``settle_s`` after); the trial's rates and the frames lost."""
+    start_in, start_out = offered(), forwarded()
     argv = ["timeout", "-s", "INT", str(seconds), "trafgen", "--dev", "eth0",
             "--conf", str(cfg), "--cpus", "1", "--no-sock-mem"]
     if rate_pps is not None:
@@ -79,18 +87,26 @@ def _trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None = None,
     lab.exec("cli", argv, check=False, timeout=seconds + 30)
     elapsed = time.monotonic() - t0
     time.sleep(settle_s)
-    end_in = _xdp_counters(lab, "lb", "eth0")
-    end_out = _xdp_counters(lab, "br", peer)
-    offered = end_in.get("xdp_packets", 0) - start_in.get("xdp_packets", 0)
-    forwarded = end_out.get("xdp_packets", 0) - start_out.get("xdp_packets", 0)
+    got_in = offered() - start_in
+    got_out = forwarded() - start_out
     return {
         "seconds": round(elapsed, 3),
         "rate_asked_pps": rate_pps or 0.0,
-        "offered_pps": offered / elapsed,
-        "forwarded_pps": forwarded / elapsed,
-        "lost": float(max(offered - forwarded, 0)),
-        "loss_ratio": (offered - forwarded) / offered if offered else 0.0,
+        "offered_pps": got_in / elapsed,
+        "forwarded_pps": got_out / elapsed,
+        "lost": float(max(got_in - got_out, 0)),
+        "loss_ratio": (got_in - got_out) / got_in if got_in else 0.0,
     }
+
+
+def _trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None = None,
+           settle_s: float = 0.0) -> dict[str, float]:
+    """Run the generator for ``seconds`` (at ``rate_pps``, or as fast as it
+    goes); offered at the appliance's eth0, forwarded at its peer's sink."""
+    peer = lab.peer("lb")
+    return run_generator(lab, cfg, seconds, rate_pps,
+                         offered=lambda: xdp_packets(lab, "lb", "eth0"),
+                         forwarded=lambda: xdp_packets(lab, "br", peer), settle_s=settle_s)
 
 
 def udp_frame(lab: Lab, sport: int) -> bytes:
@@ -132,23 +148,28 @@ def settled_trial(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None) -
     return _trial(lab, cfg, seconds, rate_pps=rate_pps, settle_s=0.5)
 
 
-def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
-    """Highest rate with no frame lost: full speed first, then a binary search
-    between 0 and the rate that lost frames (trafgen --rate)."""
-    full = settled_trial(lab, cfg, seconds, None)
+def ndr_search(trial: Callable[[float | None], dict[str, float]],
+               steps: int) -> dict[str, Any]:
+    """Highest rate with no frame lost: full speed first (``trial(None)``), then
+    a binary search between 0 and the rate that lost frames (``trial(rate)``)."""
+    full = trial(None)
     tried = [full]
     if full["lost"] == 0:
         return {"ndr_pps": full["forwarded_pps"], "search": tried}
     lo, hi, best = 0.0, full["offered_pps"], 0.0
     for _ in range(steps):
         mid = (lo + hi) / 2
-        t = settled_trial(lab, cfg, seconds, mid)
+        t = trial(mid)
         tried.append(t)
         if t["lost"] == 0:
             lo, best = mid, max(best, t["forwarded_pps"])
         else:
             hi = mid
     return {"ndr_pps": best, "search": tried}
+
+
+def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
+    return ndr_search(lambda rate: settled_trial(lab, cfg, seconds, rate), steps)
 
 
 def dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:

@@ -4,6 +4,14 @@ The conformance suite uses this to drive the real, loaded ``lb_xdp`` program
 (the one the daemon pinned, with the maps the daemon filled through the table
 protocol) without a network. Two bpf(2) commands are all it takes, so this
 talks to the syscall through ctypes rather than pulling in a BPF library.
+
+A frame may be run as if it arrived on a given interface (``ingress_ifindex``):
+the test run then passes a ``struct xdp_md`` context naming it, so that the
+program's ``ctx->ingress_ifindex`` (and its rx queue) are that device's. The
+kernel resolves the index in the calling thread's network namespace, so the
+caller runs the test inside the namespace the interface lives in
+(``hpclb.host.netns.inside``). Without one, the kernel runs the program "on"
+the loopback device of the caller's namespace, as before.
 """
 
 from __future__ import annotations
@@ -51,6 +59,21 @@ class _TestRunAttr(ctypes.Structure):
     )
 
 
+class _XdpMd(ctypes.Structure):
+    """struct xdp_md as a test run's ctx_in: data 0 (no metadata), data_end the
+    frame's length, the ingress device; the rest 0 (the kernel refuses an
+    egress_ifindex, and a queue other than 0 needs a device that has it)."""
+
+    _fields_ = (
+        ("data", ctypes.c_uint32),
+        ("data_end", ctypes.c_uint32),
+        ("data_meta", ctypes.c_uint32),
+        ("ingress_ifindex", ctypes.c_uint32),
+        ("rx_queue_index", ctypes.c_uint32),
+        ("egress_ifindex", ctypes.c_uint32),
+    )
+
+
 class BpfError(OSError):
     pass
 
@@ -74,12 +97,15 @@ class PinnedXdpProgram:
             raise BpfError(err, f"bpf(cmd={cmd}): {os.strerror(err)}")
         return int(ret)
 
-    def run(self, frame: bytes) -> tuple[str, bytes]:
-        """Run the program once on ``frame``; return (action, frame as it left)."""
-        action, out, _ = self.run_repeated(frame, 1)
+    def run(self, frame: bytes, ingress_ifindex: int = 0) -> tuple[str, bytes]:
+        """Run the program once on ``frame``; return (action, frame as it left).
+        ``ingress_ifindex``: the device the frame arrives on (0: none given,
+        the loopback device); it must exist in the calling thread's namespace."""
+        action, out, _ = self.run_repeated(frame, 1, ingress_ifindex)
         return action, out
 
-    def run_repeated(self, frame: bytes, repeat: int) -> tuple[str, bytes, int]:
+    def run_repeated(self, frame: bytes, repeat: int,
+                     ingress_ifindex: int = 0) -> tuple[str, bytes, int]:
         """Run ``repeat`` times in the kernel; also return the mean ns per run."""
         data_in = ctypes.create_string_buffer(frame, len(frame))
         out_len = len(frame) + 256
@@ -92,6 +118,10 @@ class PinnedXdpProgram:
             data_out=ctypes.addressof(data_out),
             repeat=repeat,
         )
+        if ingress_ifindex:
+            ctx = _XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
+            attr.ctx_size_in = ctypes.sizeof(ctx)
+            attr.ctx_in = ctypes.addressof(ctx)
         self._bpf(BPF_PROG_TEST_RUN, attr)
         action = XDP_ACTIONS.get(attr.retval, f"unknown({attr.retval})")
         return action, data_out.raw[: attr.data_size_out], int(attr.duration)

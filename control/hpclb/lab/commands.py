@@ -5,17 +5,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+DEFAULT_OUT = {"dsr": Path("results/bench.json"), "nat": Path("results/bench_nat.json")}
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hpclb.lab.demo import run_demo
 
-    return run_demo(connections=args.connections, dataplane=args.dataplane)
+    return run_demo(connections=args.connections, dataplane=args.dataplane, mode=args.mode)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    out = args.out or DEFAULT_OUT[args.mode]
+    if args.mode == "nat":
+        from hpclb.lab.nat_bench import ALL_KINDS, run_nat_bench
+
+        kinds = args.kinds.split(",") if args.kinds else ALL_KINDS
+        return run_nat_bench(out=out, seconds=args.seconds, trials=args.trials,
+                             flows=args.flows, ndr_steps=args.ndr_steps, kinds=kinds)
+    if args.kinds:
+        raise SystemExit("hpclb bench: --kinds goes with --mode nat")
     from hpclb.lab.bench import run_bench
 
-    return run_bench(out=args.out, seconds=args.seconds, trials=args.trials, flows=args.flows,
+    return run_bench(out=out, seconds=args.seconds, trials=args.trials, flows=args.flows,
                      ndr_steps=args.ndr_steps)
 
 
@@ -23,13 +34,25 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("demo", help="the lab demo on network namespaces")
     p.add_argument("--connections", type=int, default=600)
     p.add_argument("--dataplane", choices=["xdp", "dpdk"], default="xdp")
+    p.add_argument("--mode", choices=["dsr", "nat"], default="dsr",
+                   help="dsr: one LAN, backends answer the client directly; nat: the "
+                        "appliance as the gateway between a client and a cluster network")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")
-    p.add_argument("--out", type=Path, default=Path("results/bench.json"))
+    p.add_argument("--mode", choices=["dsr", "nat"], default="dsr",
+                   help="dsr: both data planes against an XDP reflector on one LAN; nat: "
+                        "NAT gateway mode on the two-network lab against the kernel's "
+                        "routing and nftables NAT")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: results/bench.json (dsr), results/bench_nat.json (nat)")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--flows", type=int, default=50000, help="distinct UDP source ports, 1..64000")
     p.add_argument("--ndr-steps", type=int, default=6,
                    help="binary-search steps of the no-drop-rate search (0: full speed only)")
+    p.add_argument("--kinds", default=None,
+                   help="--mode nat: comma-separated subset of route, nftables, "
+                        "nftables_masq, xdp, dpdk (default: all; a data plane without NAT "
+                        "mode is skipped and says why)")
     p.set_defaults(func=_cmd_bench)

@@ -10,7 +10,10 @@ Topology (``p`` is the prefix, default ``hlb``)::
 
 Every non-bridge namespace has ``eth0``, a veth whose peer (``v-<role>``) sits in the
 bridge namespace, enslaved to ``br0``. All lab traffic stays inside these namespaces and
-inside 198.18.0.0/15, the benchmarking range.
+inside 198.18.0.0/15, the benchmarking range. The veths are listed by ``ports()``: the
+two-network variant (the appliance as a NAT gateway between a client and a cluster
+network, ``hpclb.lab.gateway.GatewayLab``) adds a second bridge and a second appliance
+interface by returning more of them, and shares everything else.
 
 How XDP_TX from the appliance reaches the backends (measured here, Linux 6.18; the
 test is ``tests/lab/test_topology.py::test_xdp_tx_reaches_backend``): a frame that an
@@ -61,6 +64,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
@@ -104,6 +108,20 @@ _PYTHONPATH = str(Path(hpclb.__file__).resolve().parent.parent)
 
 class LabError(RuntimeError):
     """The lab could not be built or a lab operation failed."""
+
+
+@dataclass(frozen=True)
+class Port:
+    """One veth of the lab: ``ifname`` in ``role``'s namespace, its ``peer`` in the
+    bridge namespace enslaved to ``bridge``."""
+
+    role: str
+    ifname: str
+    peer: str
+    bridge: str
+    address: str
+    prefixlen: int
+    mac: str
 
 
 def default_pass_obj() -> Path:
@@ -340,38 +358,63 @@ class Lab:
         self._configure_bridge_ns()
         self._wait_carrier()
 
+    def ports(self) -> list[Port]:
+        """Every veth of the lab: ``eth0`` of each role on ``br0`` (one LAN).
+
+        A lab with more segments (``hpclb.lab.gateway``) returns more ports; the
+        building, the carrier wait and the teardown go by this list.
+        """
+        return [Port(role, ETH, self.peer(role), BRIDGE, self.ip_of(role), LAN_PREFIXLEN,
+                     MAC_FMT.format(_last_octet(self.ip_of(role))))
+                for role in self.roles()]
+
+    def appliance_peers(self) -> list[str]:
+        """The bridge-side veths of the appliance's interfaces (GRO, XDP_PASS)."""
+        return [port.peer for port in self.ports() if port.role == "lb"]
+
     def _build_bridge(self, br: NetNS) -> None:
         br.link("set", index=br.link_lookup(ifname="lo")[0], state="up")
-        # STP off (the default) puts ports into forwarding at once: no 15 s wait.
-        br.link("add", ifname=BRIDGE, kind="bridge", br_stp_state=0, br_forward_delay=0)
-        bridge_idx = br.link_lookup(ifname=BRIDGE)[0]
-        for role in self.roles():
-            mac = MAC_FMT.format(_last_octet(self.ip_of(role)))
-            br.link("add", ifname=self.peer(role), kind="veth",
-                    peer={"ifname": ETH, "net_ns_fd": self.ns(role), "address": mac})
-            idx = br.link_lookup(ifname=self.peer(role))[0]
+        ports = self.ports()
+        bridges = list(dict.fromkeys(port.bridge for port in ports))
+        for bridge in bridges:
+            # STP off (the default) puts ports into forwarding at once: no 15 s wait.
+            br.link("add", ifname=bridge, kind="bridge", br_stp_state=0, br_forward_delay=0)
+        for port in ports:
+            bridge_idx = br.link_lookup(ifname=port.bridge)[0]
+            br.link("add", ifname=port.peer, kind="veth",
+                    peer={"ifname": port.ifname, "net_ns_fd": self.ns(port.role),
+                          "address": port.mac})
+            idx = br.link_lookup(ifname=port.peer)[0]
             br.link("set", index=idx, master=bridge_idx, state="up")
-        br.link("set", index=bridge_idx, state="up")
+        for bridge in bridges:
+            br.link("set", index=br.link_lookup(ifname=bridge)[0], state="up")
 
     def _configure_host(self, role: str) -> None:
         ns = self.ns(role)
         self.sysctl(ns, self._host_sysctls(role))
+        ports = [port for port in self.ports() if port.role == role]
         with NetNS(ns) as ipr:
-            lo = ipr.link_lookup(ifname="lo")[0]
-            eth = ipr.link_lookup(ifname=ETH)[0]
-            ipr.link("set", index=lo, state="up")
-            ipr.link("set", index=eth, state="up")
-            ipr.addr("add", index=eth, address=self.ip_of(role), prefixlen=LAN_PREFIXLEN)
-            if role == "cli":
-                # VIP traffic goes to the appliance's MAC, as on a real routed network.
-                net, plen = VIP_NET.split("/")
-                ipr.route("add", dst=net, dst_len=int(plen), gateway=LB_IP)
-            else:
-                # Appliance: accepts what XDP passes. Backends: answer from the VIP (DSR).
-                for vip in self.vips:
-                    ipr.addr("add", index=lo, address=vip, prefixlen=32)
-        # Partial checksums would survive XDP forwarding and be dropped by the receiver.
-        self.ethtool(ns, ETH, tx="off")
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            for port in ports:
+                idx = ipr.link_lookup(ifname=port.ifname)[0]
+                ipr.link("set", index=idx, state="up")
+                ipr.addr("add", index=idx, address=port.address, prefixlen=port.prefixlen)
+            self._configure_routes(role, ipr)
+        for port in ports:
+            # Partial checksums would survive XDP forwarding and be dropped by the receiver.
+            self.ethtool(ns, port.ifname, tx="off")
+
+    def _configure_routes(self, role: str, ipr: NetNS) -> None:
+        """Routes and loopback addresses of ``role``, once its interfaces are up."""
+        lo = ipr.link_lookup(ifname="lo")[0]
+        if role == "cli":
+            # VIP traffic goes to the appliance's MAC, as on a real routed network.
+            net, plen = VIP_NET.split("/")
+            ipr.route("add", dst=net, dst_len=int(plen), gateway=LB_IP)
+        else:
+            # Appliance: accepts what XDP passes. Backends: answer from the VIP (DSR).
+            for vip in self.vips:
+                ipr.addr("add", index=lo, address=vip, prefixlen=32)
 
     def _host_sysctls(self, role: str) -> dict[str, str]:
         values: dict[str, str] = {}
@@ -405,21 +448,22 @@ class Lab:
             values |= {"net.ipv6.conf.all.disable_ipv6": "1",
                        "net.ipv6.conf.default.disable_ipv6": "1"}
         self.sysctl(ns, values, ignore_missing=True)  # bridge-nf-* only with br_netfilter
-        if self.peer_gro:
-            self.set_peer_gro("lb", True)
-        if self.peer_xdp_pass is not None:
-            self.attach_xdp_pass(self.peer("lb"), self.peer_xdp_pass)
+        for peer in self.appliance_peers():
+            if self.peer_gro:
+                self.ethtool(self.bridge_ns, peer, gro="on")
+            if self.peer_xdp_pass is not None:
+                self.attach_xdp_pass(peer, self.peer_xdp_pass)
 
     def _wait_carrier(self, timeout: float = 5.0) -> None:
-        """Wait until every eth0 reports carrier (operstate UP)."""
+        """Wait until every lab interface reports carrier (operstate UP)."""
         deadline = time.monotonic() + timeout
-        pending = set(self.roles())
+        pending = {(port.role, port.ifname) for port in self.ports()}
         while pending:
-            pending = {r for r in pending if self.operstate(self.ns(r), ETH) != "UP"}
+            pending = {(r, i) for r, i in pending if self.operstate(self.ns(r), i) != "UP"}
             if not pending:
                 return
             if time.monotonic() > deadline:
-                raise LabError(f"no carrier on eth0 of {sorted(pending)}")
+                raise LabError(f"no carrier on {sorted(pending)}")
             time.sleep(0.02)
 
     # ------------------------------------------------------------------ commands
