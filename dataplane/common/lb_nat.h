@@ -23,8 +23,8 @@
  *                         section 4.3): path MTU discovery (RFC 1191) and
  *                         traceroute work through the gateway.
  *
- * Nothing uses these yet: the data planes' NAT transmit functions and the
- * connection table are the next steps of the NAT mode.
+ * Both data planes call them through lb_conn.h, which decides from the
+ * connection table what each packet becomes.
  *
  * Fragments never reach NAT. lb_parse_frame and lb_parse_untagged_ipv4 give
  * LB_PARSE_FRAGMENT for any IPv4 fragment, first or later, and the planes pass
