@@ -141,6 +141,16 @@ class GatewayLab(Lab):
                     for i in range(1, self.backends + 1)]
         return client + cluster
 
+    def set_backend_link(self, i: int, up: bool) -> None:
+        """Take backend ``i``'s eth0 down or up (``Lab.set_backend_link``). The kernel
+        drops the routes through a link that goes down, the backend's default route
+        through the appliance with them: it is put back when the link comes up, or
+        the backend could answer the appliance (on its segment) but not the client."""
+        super().set_backend_link(i, up)
+        if up:
+            with NetNS(self.backend_ns(i)) as ipr:
+                ipr.route("replace", dst="0.0.0.0", dst_len=0, gateway=LB_CLUSTER_IP)
+
     # ------------------------------------------------------------------ building
 
     def _configure_routes(self, role: str, ipr: NetNS) -> None:
