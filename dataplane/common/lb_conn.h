@@ -119,7 +119,11 @@ LB_CONN_INLINE int lb_conn_embryonic(__u8 state)
  * nothing; any other segment opens ESTABLISHED, so that a connection that
  * outlived the table (a DPDK restart, an eviction) is picked up mid-stream
  * and, the ring being unchanged, reaches the same backend, as in DSR mode.
- * UDP: UDP_UNREPLIED. */
+ * UDP: UDP_UNREPLIED. Only the client's side can open: after a DPDK restart
+ * a backend that speaks first (a retransmission of a reply lost while the
+ * forwarder was down) finds no connection, its segment passes to the kernel
+ * untranslated, and the client answers it with an RST. The XDP plane keeps
+ * its table across restarts (pinned maps) and has no such gap. */
 LB_CONN_INLINE __u8 lb_conn_open_state(__u8 proto, __u8 tcp_flags)
 {
 	if (proto == LB_IPPROTO_UDP)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 DEFAULT_OUT = {"dsr": Path("results/bench.json"), "nat": Path("results/bench_nat.json")}
+DEFAULT_CPS_SECONDS = 2.0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -21,9 +22,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         kinds = args.kinds.split(",") if args.kinds else ALL_KINDS
         return run_nat_bench(out=out, seconds=args.seconds, trials=args.trials,
-                             flows=args.flows, ndr_steps=args.ndr_steps, kinds=kinds)
-    if args.kinds:
-        raise SystemExit("hpclb bench: --kinds goes with --mode nat")
+                             flows=args.flows, ndr_steps=args.ndr_steps, kinds=kinds,
+                             cps_seconds=args.cps_seconds, memory=not args.no_memory)
+    if args.kinds or args.cps_seconds != DEFAULT_CPS_SECONDS or args.no_memory:
+        raise SystemExit("hpclb bench: --kinds, --cps-seconds and --no-memory go with "
+                         "--mode nat")
     from hpclb.lab.bench import run_bench
 
     return run_bench(out=out, seconds=args.seconds, trials=args.trials, flows=args.flows,
@@ -42,8 +45,9 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")
     p.add_argument("--mode", choices=["dsr", "nat"], default="dsr",
                    help="dsr: both data planes against an XDP reflector on one LAN; nat: "
-                        "NAT gateway mode on the two-network lab against the kernel's "
-                        "routing and nftables NAT")
+                        "NAT gateway mode on the two-network lab against DSR on the same "
+                        "lab and against the kernel's routing and nftables NAT: packets/s, "
+                        "connections/s (TCP SYN flood), connection-table memory per entry")
     p.add_argument("--out", type=Path, default=None,
                    help="default: results/bench.json (dsr), results/bench_nat.json (nat)")
     p.add_argument("--seconds", type=float, default=4.0)
@@ -53,6 +57,11 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                    help="binary-search steps of the no-drop-rate search (0: full speed only)")
     p.add_argument("--kinds", default=None,
                    help="--mode nat: comma-separated subset of route, nftables, "
-                        "nftables_masq, xdp, dpdk (default: all; a data plane without NAT "
-                        "mode is skipped and says why)")
+                        "nftables_masq, xdp, dpdk, dsr_xdp, dsr_dpdk (default: all; a data "
+                        "plane that cannot run a mode is skipped and says why)")
+    p.add_argument("--cps-seconds", type=float, default=DEFAULT_CPS_SECONDS,
+                   help="--mode nat: seconds of each SYN-flood trial of the connections/s "
+                        "phase (nftables, xdp, dpdk among --kinds; 0: no such phase)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="--mode nat: skip the connection tables' memory per entry")
     p.set_defaults(func=_cmd_bench)
