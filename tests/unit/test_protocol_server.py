@@ -779,14 +779,9 @@ NAT_BAD: list[tuple[Any, str]] = [
 ]
 
 # What a data plane without NAT mode refuses instead.
-WITHOUT_NAT_BAD: list[tuple[Any, str]] = [
-    ({**NAT_VIP, "nat_port": 8080}, "mode not supported by this data plane: field 'mode' is 1, "
-     "only 0 (dsr) is implemented"),
-    ({**NAT_VIP, "addr": VIP6_ADDR}, "mode not supported by this data plane"),
-    ({**NAT_VIP, "snat": True}, "mode not supported by this data plane"),
-    (SET_NAT, "op 'set_nat' not supported: this data plane has no NAT mode"),
-    ({**SET_NAT, "snat_port_min": 0}, "op 'set_nat' not supported: this data plane has no NAT"),
-]
+# A data plane without NAT mode (ops->set_nat NULL) refuses NAT VIPs and
+# set_nat; both planes have it, so proto_selftest.c's test_no_nat (fake ops)
+# covers that path.
 
 
 @needs_root
@@ -794,16 +789,6 @@ WITHOUT_NAT_BAD: list[tuple[Any, str]] = [
                          ids=[f"nat_bad{i}" for i in range(len(NAT_BAD))])
 def test_rejected_nat(configured: Client, daemon: Daemon, request_: Any, needle: str) -> None:
     nat_or_skip(configured)
-    assert_rejected(configured, daemon, request_, needle)
-
-
-@needs_root
-@pytest.mark.parametrize(("request_", "needle"), WITHOUT_NAT_BAD,
-                         ids=[f"no_nat_bad{i}" for i in range(len(WITHOUT_NAT_BAD))])
-def test_rejected_without_nat(configured: Client, daemon: Daemon, request_: Any,
-                              needle: str) -> None:
-    if has_nat(configured):
-        pytest.skip("the data plane has NAT mode: test_rejected_nat covers it")
     assert_rejected(configured, daemon, request_, needle)
 
 
