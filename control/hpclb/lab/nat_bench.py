@@ -759,10 +759,40 @@ def _report(results: dict[str, list[dict[str, float]]], ndr: dict[str, dict[str,
     }
 
 
+def _saturated(report: dict[str, Any], kind: str) -> bool | None:
+    """Whether ``kind`` lost frames at the generator's full speed (any full-speed
+    trial): its figures are then its own. False: it forwarded everything the generator
+    offered, so its rate (and its NDR, the full-speed trial) is the generator's, a lower
+    bound of its own. None: not measured."""
+    trials = report["trials"].get(kind)
+    return None if not trials else any(t["lost"] > 0 for t in trials)
+
+
+def _goal(report: dict[str, Any], plane: str) -> dict[str, Any]:
+    """hpclb's NAT at 3x the kernel's NAT packet rate at no loss, as far as this run can
+    tell: a ratio of two generator-bound figures says nothing of the planes."""
+    ratio = report["ratio_to_nftables"]["ndr"].get(plane)
+    kernel, hpclb = _saturated(report, "nftables"), _saturated(report, plane)
+    if ratio is None or kernel is None or hpclb is None:
+        return {"ratio_ndr": ratio, "met": None, "why": "not measured"}
+    if not kernel:
+        why = ("undecided: nftables lost no frame at the generator's full speed, so its NDR "
+               "is the generator's rate (a lower bound of the kernel's), not its limit")
+        return {"ratio_ndr": ratio, "met": None, "why": why}
+    if not hpclb:
+        met = True if ratio >= 3 else None
+        why = ("the kernel saturated, hpclb did not: the ratio is a lower bound"
+               + ("" if met else "; undecided below 3"))
+        return {"ratio_ndr": ratio, "met": met, "why": why}
+    return {"ratio_ndr": ratio, "met": ratio >= 3, "why": "both saturated"}
+
+
 def _summary(report: dict[str, Any]) -> dict[str, Any]:
-    """One row per kind: the figures a reader looks for first, and the goal (hpclb's
-    NAT at 3x the kernel's NAT packet rate at no loss) as measured."""
+    """One row per kind: the figures a reader looks for first, whether the kind or the
+    generator set them, and the goal (hpclb's NAT at 3x the kernel's NAT packet rate at
+    no loss) as far as this run can tell."""
     cps = report["connections"]["median"]
+    cps_trials = report["connections"]["trials"]
     mem = report["memory"]
     rows: dict[str, dict[str, Any]] = {}
     for kind in ALL_KINDS:
@@ -770,20 +800,27 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
             "median_forwarded_pps": report["median_forwarded_pps"].get(kind),
             "ndr_pps": report["ndr_pps"].get(kind),
         }
+        if kind in report["trials"]:
+            row["pps_lost_frames_at_full_speed"] = _saturated(report, kind)
         if kind in cps:
             row["opened_cps"] = cps[kind]["opened_cps"]
             row["answered_cps"] = cps[kind]["answered_cps"]
+            # Every SYN the generator sent opened a connection (the client's tx counter
+            # also counts its own odd ARP frame: 0.1 % slack): the generator's rate.
+            row["cps_lost_syns"] = any(t["opened"] < 0.999 * t["syns"]
+                                       for t in cps_trials[kind])
         if kind in mem and "bytes_per_connection" in mem[kind]:
             row["bytes_per_connection"] = mem[kind]["bytes_per_connection"]
         if any(v is not None for v in row.values()):
             rows[kind] = row
-    ndr_ratio = report["ratio_to_nftables"]["ndr"]
     return {
         "kinds": rows,
         "ratio_to_nftables": report["ratio_to_nftables"],
         "ratio_nat_to_dsr": report["ratio_nat_to_dsr"],
-        "goal_3x_nftables_ndr": {k: (None if ndr_ratio.get(k) is None else ndr_ratio[k] >= 3)
-                                 for k in PLANE_KINDS},
+        "goal_3x_nftables_ndr": {k: _goal(report, k) for k in PLANE_KINDS},
+        "note": "a kind that lost nothing at full speed (pps_lost_frames_at_full_speed "
+                "false, cps_lost_syns false) forwarded everything the generator offered: "
+                "its figure is the generator's rate on this host, a lower bound of its own",
         "skipped": report["skipped"] | {f"cps:{k}": v for k, v in
                                         report["connections"]["skipped"].items()},
     }
@@ -796,10 +833,13 @@ def render_summary(report: dict[str, Any]) -> str:
 
     s = report["summary"]
     lines = [f"{'kind':14} {'median pps':>12} {'NDR pps':>12} {'opened/s':>10} "
-             f"{'answered/s':>10} {'B/conn':>7}"]
+             f"{'answered/s':>10} {'B/conn':>7}  (* lost nothing: the generator's rate)"]
     for kind, row in s["kinds"].items():
-        lines.append(f"{kind:14} {num(row.get('median_forwarded_pps')):>12} "
-                     f"{num(row.get('ndr_pps')):>12} {num(row.get('opened_cps')):>10} "
+        gen_pps = "*" if row.get("pps_lost_frames_at_full_speed") is False else " "
+        gen_cps = "*" if row.get("cps_lost_syns") is False else " "
+        lines.append(f"{kind:14} {num(row.get('median_forwarded_pps')):>11}{gen_pps} "
+                     f"{num(row.get('ndr_pps')):>11}{gen_pps} "
+                     f"{num(row.get('opened_cps')):>9}{gen_cps} "
                      f"{num(row.get('answered_cps')):>10} "
                      f"{num(row.get('bytes_per_connection')):>7}")
     r = s["ratio_to_nftables"]
@@ -811,6 +851,8 @@ def render_summary(report: dict[str, Any]) -> str:
             f"{num(r['memory_per_connection'].get(plane), '.2f')}; {plane}/dsr_{plane}: NDR "
             f"{num(s['ratio_nat_to_dsr'][plane]['ndr'], '.2f')}, median "
             f"{num(s['ratio_nat_to_dsr'][plane]['median_forwarded'], '.2f')}")
+    for plane, goal in s["goal_3x_nftables_ndr"].items():
+        lines.append(f"goal {plane} >= 3x nftables (NDR): {goal['met']} ({goal['why']})")
     if s["skipped"]:
         lines.append(f"skipped: {', '.join(s['skipped'])}")
     return "\n".join(lines)
