@@ -7,8 +7,6 @@ hugepages."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,28 +14,11 @@ import pytest
 from hpclb.contract.tables import CONN_TABLE_MAX, CONN_TABLE_MIN
 from hpclb.dataplane.dpdk import DpdkLaunch, DpdkPort, forwarder_argv
 
-REPO = Path(__file__).resolve().parents[2]
+from .dpdk_selftest import run_dpdk_selftest
 
 
 def test_conn_table_capacity_eviction_expiry(tmp_path: Path) -> None:
-    cc = shutil.which("cc")
-    pkg = subprocess.run(["pkg-config", "--cflags", "--libs", "libdpdk"], capture_output=True,
-                         text=True, check=False)
-    if cc is None or pkg.returncode != 0:
-        pytest.fail(f"needs a C compiler and libdpdk-dev (./bootstrap): {pkg.stderr}")
-    exe = tmp_path / "conn_selftest"
-    build = subprocess.run(
-        [cc, "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11",
-         f"-I{REPO / 'dataplane/common'}", f"-I{REPO / 'dataplane/dpdk'}", "-o", str(exe),
-         str(Path(__file__).with_name("conn_selftest.c")), str(REPO / "dataplane/dpdk/fwd_conn.c"),
-         *pkg.stdout.split()],
-        capture_output=True, text=True, check=False)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe), "--no-huge", "-m", "64", "--no-pci", "--no-shconf",
-                          "--no-telemetry", "--log-level", "error", "-l", "0"],
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "conn_selftest: ok" in run.stdout, run.stdout
+    run_dpdk_selftest(tmp_path, "conn_selftest", ["fwd_conn.c"])
 
 
 def _launch(**kw: object) -> DpdkLaunch:
