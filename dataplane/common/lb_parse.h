@@ -460,4 +460,39 @@ LB_INLINE enum lb_parse_verdict lb_parse_untagged_ipv4(struct lb_parsed *p, cons
 	return lb_parse_ipv4(p, pos + sizeof(*eth), end);
 }
 
+/* What the data planes balance: untagged IPv4 and untagged IPv6, in one pass.
+ * An IPv4 frame takes exactly lb_parse_untagged_ipv4's path (the same
+ * instructions: the IPv4 per-packet cost does not move); an IPv6 frame gets
+ * its fields written the same way, then lb_parse_ipv6. A tagged or non-IP
+ * frame is LB_PARSE_NOT_IP from its EtherType. With LB_PARSE_OK, *p is byte
+ * for byte what lb_parse_frame fills; with another verdict, only p->proto
+ * (UNSUPPORTED_L4: the protocol, for ICMP's paths) and p->family are
+ * promised. tests/unit/parse_selftest.c checks it on the corpus. */
+LB_INLINE enum lb_parse_verdict lb_parse_untagged(struct lb_parsed *p, const void *data,
+						  const void *data_end)
+{
+	const __u8 *pos = (const __u8 *)data;
+	const __u8 *end = (const __u8 *)data_end;
+	const struct lb_eth_hdr *eth = (const struct lb_eth_hdr *)pos;
+
+	if (LB_PAST_END(pos, sizeof(*eth), end))
+		return LB_PARSE_MALFORMED;
+	if (eth->proto == lb_htons(LB_ETH_P_IP))
+		return lb_parse_untagged_ipv4(p, data, data_end);
+	if (eth->proto != lb_htons(LB_ETH_P_IPV6))
+		return LB_PARSE_NOT_IP;
+	p->family = LB_FAMILY_IPV6;
+	p->proto = 0;
+	p->flags = 0;
+	p->eth_proto = eth->proto;
+	p->vlan_tci = 0;
+	p->l3_off = sizeof(*eth);
+	p->l4_off = 0;
+	p->l3_len = 0;
+	p->sport = 0;
+	p->dport = 0;
+	p->pad = 0;
+	return lb_parse_ipv6(p, pos + sizeof(*eth), end);
+}
+
 #endif /* HPCLB_LB_PARSE_H */

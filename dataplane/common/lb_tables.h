@@ -72,8 +72,17 @@ struct lb_vip_key {
 enum lb_vip_mode {
 	LB_MODE_DSR = 0,    /* rewrite the destination MAC; the backend answers directly */
 	LB_MODE_NAT = 1,    /* stateful NAT gateway: DNAT in, reverse out (lb_conn.h) */
-	LB_MODE_TUNNEL = 2, /* reserved: IPIP/GUE encapsulation */
+	LB_MODE_TUNNEL = 2, /* DSR through an IPIP or GUE tunnel to an L3-distant backend (lb_encap.h) */
 };
+
+/* Tunnel mode's encapsulations (lb_encap.h has the exact headers). */
+enum lb_encap {
+	LB_ENCAP_IPIP = 0, /* IPv4-in-IPv4 (proto 4), IPv6-in-IPv6 (41), IPv4-in-IPv6 (4) */
+	LB_ENCAP_GUE = 1,  /* the same inside UDP (GUE variant 1: no GUE header) */
+};
+
+#define LB_GUE_PORT_DEFAULT 6080     /* GUE's outer UDP destination port unless set */
+#define LB_TUNNEL_SRC_BITS_MAX 16    /* low bits of the outer source address a flow may set */
 
 struct lb_vip_entry {
 	__u32 vip_id;             /* index of the VIP's ring and counters, < LB_MAX_VIPS */
@@ -82,8 +91,13 @@ struct lb_vip_entry {
 	__u16 nat_port;           /* NAT mode's backend port, network order (0 = the VIP's port) */
 	union lb_addr tunnel_src; /* tunnel mode's outer source address (0 when none) */
 	__u8 nat_flags;           /* LB_VIP_F_*: NAT mode only, 0 otherwise */
+	__u8 tunnel_encap;        /* enum lb_encap: tunnel mode only, 0 otherwise */
+	__be16 gue_port;          /* GUE's outer UDP destination port, network order (0 unless GUE) */
+	__u8 tunnel_src_bits;     /* 0..LB_TUNNEL_SRC_BITS_MAX: low bits of tunnel_src replaced,
+	                           * per flow, by lb_tunnel_flow_bits (lb_encap.h), so that a
+	                           * backend's RSS spreads the tunnelled flows over its queues */
 	__u8 pad[3];              /* always 0 */
-}; /* 28 bytes */
+}; /* 32 bytes */
 
 /* A NAT VIP whose connections also get a source address from the SNAT pool
  * (struct lb_nat_config), for backends whose default route is not the
@@ -279,11 +293,13 @@ enum lb_stat {
 	LB_STAT_RX = 0,            /* every packet seen */
 	LB_STAT_FWD_TX,            /* forwarded back out of the ingress port */
 	LB_STAT_FWD_REDIRECT,      /* forwarded through another port */
-	LB_STAT_PASS_NOT_IPV4,     /* not untagged IPv4 (IPv6 too, until it is forwarded): to the kernel */
-	LB_STAT_PASS_NOT_VIP,      /* IPv4 but no VIP for (addr, port, proto) */
-	LB_STAT_PASS_FRAGMENT,     /* IPv4 fragment: handed to the kernel */
-	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IPv4/L4 header, bad IHL or version, IPv4
-	                            * total length below the header or beyond the frame */
+	LB_STAT_PASS_NOT_IPV4,     /* neither untagged IPv4 nor untagged IPv6 (ARP, NDP's
+	                            * Ethernet neighbours, tagged frames): to the kernel */
+	LB_STAT_PASS_NOT_VIP,      /* IP but no VIP for (addr, port, proto) */
+	LB_STAT_PASS_FRAGMENT,     /* IPv4 or IPv6 fragment: handed to the kernel */
+	LB_STAT_DROP_MALFORMED,    /* truncated Ethernet/IP/L4 header, bad IHL or version, IP
+	                            * length below the header or beyond the frame, an IPv6
+	                            * extension header past the packet */
 	LB_STAT_DROP_NO_BACKEND,   /* ring empty or no up backend within LB_RING_PROBES */
 	LB_STAT_DROP_TX_ERROR,     /* bad port or redirect failure (DPDK: also frames a full
 	                            * TX queue refused, already counted as fwd_*) */
@@ -304,6 +320,15 @@ enum lb_stat {
 	LB_STAT_DROP_SNAT_EXHAUSTED, /* new connection refused: no free SNAT port among the probes */
 	LB_STAT_DROP_BACKEND_DOWN, /* packet of a connection whose backend is down (on_backend_down drop) */
 	LB_STAT_DROP_CONN_INVALID, /* TCP RST matching no connection: opens none */
+	/* IPv6 and tunnel mode. */
+	LB_STAT_NDP_REPLY,         /* Neighbor Solicitation for a VIP answered (DPDK; XDP leaves NDP to
+	                            * the kernel) */
+	LB_STAT_PASS_EXT_HEADERS,  /* IPv6 with more than LB_IPV6_MAX_EXT_HDRS extension headers:
+	                            * to the kernel, unparsed */
+	LB_STAT_TUNNEL_ENCAP,      /* frame encapsulated (tunnel mode; also counted under fwd_*) */
+	LB_STAT_DROP_ENCAP,        /* tunnel mode: no encapsulation for this pair (IPv6 inside IPv4,
+	                            * or the backend's family is not the tunnel source's), or no
+	                            * room to prepend the outer headers */
 	LB_STAT_MAX
 };
 
@@ -313,7 +338,8 @@ enum lb_stat {
 	  "drop_tx_error", "flow_hit", "flow_new", "flow_repin",         \
 	  "arp_reply", "flow_evict", "conn_new", "conn_hit", "conn_reply",   \
 	  "conn_evict", "conn_reschedule", "nat_icmp", "drop_conn_full",     \
-	  "drop_snat_exhausted", "drop_backend_down", "drop_conn_invalid" }
+	  "drop_snat_exhausted", "drop_backend_down", "drop_conn_invalid",   \
+	  "ndp_reply", "pass_ext_headers", "tunnel_encap", "drop_encap" }
 
 /* ---- global configuration (one entry) ---------------------------------- */
 
@@ -326,7 +352,7 @@ struct lb_config {
 /* The layouts the protocol, the maps and the Python mirror agree on. */
 _Static_assert(sizeof(union lb_addr) == 16, "union lb_addr is 16 bytes");
 _Static_assert(sizeof(struct lb_vip_key) == 20, "struct lb_vip_key is 20 bytes");
-_Static_assert(sizeof(struct lb_vip_entry) == 28, "struct lb_vip_entry is 28 bytes");
+_Static_assert(sizeof(struct lb_vip_entry) == 32, "struct lb_vip_entry is 32 bytes");
 _Static_assert(sizeof(struct lb_backend) == 28, "struct lb_backend is 28 bytes");
 _Static_assert(sizeof(struct lb_flow_key) == 40, "struct lb_flow_key is 40 bytes");
 /* The XDP plane's compact IPv4 keys (not on the wire). */

@@ -68,6 +68,10 @@ CONSTANTS = {
     "LB_CONN_F_SNAT": tables.CONN_F_SNAT,
     "LB_NAT_DOWN_RESCHEDULE": int(tables.NatDown.RESCHEDULE),
     "LB_NAT_DOWN_DROP": int(tables.NatDown.DROP),
+    "LB_ENCAP_IPIP": int(tables.Encap.IPIP),
+    "LB_ENCAP_GUE": int(tables.Encap.GUE),
+    "LB_GUE_PORT_DEFAULT": tables.GUE_PORT_DEFAULT,
+    "LB_TUNNEL_SRC_BITS_MAX": tables.TUNNEL_SRC_BITS_MAX,
     **{f"LB_CONN_{s.name}": int(s) for s in tables.ConnState},
 }
 
@@ -75,7 +79,7 @@ CONSTANTS = {
 # here is a protocol change, not a refactoring.
 SIZES = {
     "lb_vip_key": 20,
-    "lb_vip_entry": 28,  # 24 until NAT mode's nat_flags
+    "lb_vip_entry": 32,  # 24 until NAT mode's nat_flags, 28 until tunnel mode
     "lb_backend": 28,
     "lb_flow_key": 40,
 }

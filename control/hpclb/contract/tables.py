@@ -53,6 +53,10 @@ STAT_NAMES = (
     "drop_snat_exhausted",
     "drop_backend_down",
     "drop_conn_invalid",
+    "ndp_reply",
+    "pass_ext_headers",
+    "tunnel_encap",
+    "drop_encap",
 )
 
 # NAT mode's connection table (lb_tables.h, "NAT mode: the connection table").
@@ -115,6 +119,17 @@ class VipMode(enum.IntEnum):
     TUNNEL = 2
 
 
+class Encap(enum.IntEnum):
+    """enum lb_encap: tunnel mode's encapsulation (dataplane/common/lb_encap.h)."""
+
+    IPIP = 0
+    GUE = 1
+
+
+GUE_PORT_DEFAULT = 6080
+TUNNEL_SRC_BITS_MAX = 16
+
+
 class ConnState(enum.IntEnum):
     """enum lb_conn_state."""
 
@@ -146,7 +161,8 @@ VIP_KEY_DTYPE = np.dtype(
 )
 VIP_ENTRY_DTYPE = np.dtype(
     [("vip_id", "<u4"), ("mode", "u1"), ("tunnel_family", "u1"), ("nat_port", ">u2"),
-     ("tunnel_src", "16u1"), ("nat_flags", "u1"), ("pad", "3u1")]
+     ("tunnel_src", "16u1"), ("nat_flags", "u1"), ("tunnel_encap", "u1"), ("gue_port", ">u2"),
+     ("tunnel_src_bits", "u1"), ("pad", "3u1")]
 )
 BACKEND_DTYPE = np.dtype(
     [("addr", "16u1"), ("family", "u1"), ("mac", "6u1"), ("state", "u1"), ("port", "u1"),
@@ -203,6 +219,13 @@ class Vip:
     #: NAT mode: connections also take a source address and port from the
     #: SNAT pool (NatConfig.snat_addrs).
     snat: bool = False
+    #: Tunnel mode: IPIP or GUE (lb_encap.h).
+    tunnel_encap: Encap = Encap.IPIP
+    #: Tunnel mode, GUE: the outer UDP destination port (0 unless GUE).
+    gue_port: int = 0
+    #: Tunnel mode: low bits of tunnel_src's last 16 that each flow sets
+    #: (0..TUNNEL_SRC_BITS_MAX), so that backends' RSS spreads tunnelled flows.
+    tunnel_src_bits: int = 0
 
     @property
     def family(self) -> Family:
