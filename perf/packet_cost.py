@@ -77,6 +77,41 @@ empty flow tables):
   that, and beside the trial-to-trial spread (the same build on both sides
   shows that spread).
 
+* ``live`` (the candidate build only: the baseline may predate tunnel mode
+  and IPv6 forwarding): per-packet cost of the candidate's ``lb_xdp`` in
+  BPF_PROG_TEST_RUN with live frames (BPF_F_TEST_XDP_LIVE_FRAMES: the
+  verdicts are carried out, XDP_TX really transmits out of a veth whose peer
+  runs ``sink.bpf.o``) beside the reflector (``reflect.bpf.o``: swap MACs,
+  XDP_TX) measured the same way in the same run, rounds alternating between
+  all rows. The candidate's ``hpclb-xdp`` runs --no-attach in a namespace of
+  its own, its tables written through this tree's table-protocol client:
+  DSR and tunnel VIPs, one backend each (the rows: ``LIVE_ROWS``). Two
+  methods, because the kernel recycles a frame's page without rewriting it
+  (only data and data_end are reset), so from the second batch on the
+  program sees its own output:
+
+  - ``recycled``: ``--live-repeat`` frames per run (``--live-rounds``
+    rounds), batches of
+    ``LIVE_BATCH``. Honest where the recycled view takes the same path as the
+    original: DSR (only the MACs change); IPIP, where after adjust_head(-L)
+    the view's 14-byte "Ethernet header" is the last 14 bytes of the outer
+    headers, whose EtherType bytes are the outer destination's last two: the
+    backends end in 0x0800 (10.1.8.0, fd00::800: inner IPv4) or 0x86dd
+    (fd00::86dd: inner IPv6), so every recycled frame re-parses as the same
+    inner packet and is encapsulated again the same way;
+  - ``fresh``: runs of exactly one batch (repeat == batch size), each on a
+    new page pool, so that every frame is the original: for GUE, whose
+    recycled view has the UDP checksum (0) for an EtherType and would pass to
+    the kernel. Each frame then also pays a page allocation and the copy of
+    the frame into it (the kernel's page-pool init), which the reflector
+    measured the same way pays too: the ratio is diluted towards 1 by that
+    common cost, the difference in ns is not (both are reported; IPIP and
+    IPv6 DSR are measured both ways, which shows what the method adds).
+
+  Every row is checked with the data plane's counters over its runs: rx,
+  fwd_tx and flow_hit (and tunnel_encap for a tunnel row) grew by exactly
+  the frames run, no pass_* or drop_* counter moved (``verified``).
+
 ``--order abba`` puts the candidate first in every other trial (the
 default, ``abab``, puts the baseline first in each, in every step). At the
 defaults a run takes about two minutes.
@@ -460,6 +495,265 @@ def dpdk_trial(lab: Lab, appliance: LabAppliance, cfg: Path, seconds: float,
             "lost": load["lost"], "seconds": load["seconds"]}
 
 
+# --- XDP live frames: IPv6 and tunnel mode beside the reflector ----------------
+
+LIVE_BATCH = 64  # the kernel's default live-frame batch (NAPI_POLL_WEIGHT)
+LIVE_CLIENT_MAC = "02:aa:00:00:00:01"
+LIVE_TUNNEL_SRC4 = "172.16.0.1"
+LIVE_TUNNEL_SRC6 = "fd00:1::1"
+LIVE_GUE_PORT = 6080
+# Backends: (address, MAC). The IPIP targets end in 0x0800 / 0x86dd (the
+# module docstring: the recycled view's EtherType).
+LIVE_BACKENDS = {0: ("10.1.8.0", "02:bb:00:00:00:30"), 1: ("fd00::800", "02:bb:00:00:00:31"),
+                 2: ("fd00::86dd", "02:bb:00:00:00:32"), 3: ("10.1.9.9", "02:bb:00:00:00:33"),
+                 4: ("fd00::9", "02:bb:00:00:00:34")}
+
+
+@dataclass(frozen=True)
+class LiveVip:
+    """A VIP of the live rows: UDP port 53 at ``addr``, one backend."""
+
+    vip_id: int
+    addr: str
+    backend: int
+    mode: int = 0  # VipMode.DSR; 2: tunnel
+    encap: int = 0  # Encap.IPIP; 1: GUE
+    tunnel_src: str | None = None
+
+
+LIVE_VIPS = {
+    "dsr4": LiveVip(0, "198.18.1.10", 0),
+    "dsr6": LiveVip(1, "fd00:18::10", 2),
+    "ipip4in4": LiveVip(2, "198.18.1.20", 0, 2, 0, LIVE_TUNNEL_SRC4),
+    "ipip4in6": LiveVip(3, "198.18.1.21", 1, 2, 0, LIVE_TUNNEL_SRC6),
+    "ipip6in6": LiveVip(4, "fd00:18::20", 2, 2, 0, LIVE_TUNNEL_SRC6),
+    "gue4in4": LiveVip(5, "198.18.1.22", 3, 2, 1, LIVE_TUNNEL_SRC4),
+    "gue6in6": LiveVip(6, "fd00:18::22", 4, 2, 1, LIVE_TUNNEL_SRC6),
+}
+# (row name, program, VIP (None: the reflector's IPv4 frame), method).
+LIVE_ROWS = (
+    ("reflect", "reflect", None, "recycled"),
+    ("dsr4", "lb", "dsr4", "recycled"),
+    ("dsr6", "lb", "dsr6", "recycled"),
+    ("ipip4in4", "lb", "ipip4in4", "recycled"),
+    ("ipip4in6", "lb", "ipip4in6", "recycled"),
+    ("ipip6in6", "lb", "ipip6in6", "recycled"),
+    ("reflect_fresh", "reflect", None, "fresh"),
+    ("dsr6_fresh", "lb", "dsr6", "fresh"),
+    ("ipip4in4_fresh", "lb", "ipip4in4", "fresh"),
+    ("gue4in4_fresh", "lb", "gue4in4", "fresh"),
+    ("gue6in6_fresh", "lb", "gue6in6", "fresh"),
+)
+LIVE_GOAL = 1.3  # the issue's: a tunnel or IPv6 DSR row <= 1.3 x the reflector
+_LIVE_MUST_STAY = ("pass_not_ipv4", "pass_not_vip", "pass_fragment", "pass_ext_headers",
+                   "drop_malformed", "drop_no_backend", "drop_tx_error", "drop_encap",
+                   "fwd_redirect", "flow_new", "flow_repin")
+
+
+def _live_frame(vip: LiveVip | None, port_mac: str) -> bytes:
+    """A UDP frame of 18 payload bytes to ``vip`` (None: to the reflector,
+    IPv4, 60 bytes as a 64-byte frame without FCS)."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+
+    dst = vip.addr if vip else "198.18.1.10"
+    l3 = (IPv6(src="fd00:99::1", dst=dst) if ":" in dst else IP(src="10.99.0.1", dst=dst))
+    return bytes(Ether(src=LIVE_CLIENT_MAC, dst=port_mac) / l3 / UDP(sport=4242, dport=53)
+                 / bytes(18))
+
+
+def _live_tables(client: Any) -> None:
+    """The live rows' tables, through the table protocol (every field of a
+    tunnel VIP, whatever the client's set_vip sends)."""
+    import ipaddress
+
+    import numpy as np
+
+    ring_size = int(client.hello()["ring_size"])
+    client.set_config(bytes(range(16)))
+    client.call("set_backends", backends=[
+        {"id": bid, "addr": ipaddress.ip_address(addr).packed,
+         "mac": bytes.fromhex(mac.replace(":", "")), "state": 0, "port": 0}
+        for bid, (addr, mac) in LIVE_BACKENDS.items()])
+    for vip in LIVE_VIPS.values():
+        fields: dict[str, Any] = {
+            "vip_id": vip.vip_id, "addr": ipaddress.ip_address(vip.addr).packed, "port": 53,
+            "proto": 17, "mode": vip.mode,
+            "slots": np.full(ring_size, vip.backend, dtype="<u4").tobytes()}
+        if vip.tunnel_src:
+            fields |= {"tunnel_src": ipaddress.ip_address(vip.tunnel_src).packed,
+                       "tunnel_encap": vip.encap}
+            if vip.encap == 1:
+                fields["gue_port"] = LIVE_GUE_PORT
+        client.call("set_vip", **fields)
+
+
+def _live_run(prog: PinnedXdpProgram, frame: bytes, method: str, ifindex: int,
+              args: argparse.Namespace) -> tuple[float, int]:
+    """One round of a row: (mean ns per frame, frames run)."""
+    if method == "recycled":
+        return float(prog.run_live(frame, args.live_repeat, ifindex, LIVE_BATCH)), \
+            args.live_repeat
+    total = sum(prog.run_live(frame, LIVE_BATCH, ifindex, LIVE_BATCH)
+                for _ in range(args.live_fresh_calls))
+    return total / args.live_fresh_calls, LIVE_BATCH * args.live_fresh_calls
+
+
+def live_rows(build: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The live rows of the candidate build (the module docstring)."""
+    from hpclb.dataplane.client import DataplaneClient
+    from hpclb.dataplane.supervisor import DataplaneProcess
+    from hpclb.host import netns
+
+    tag = uuid.uuid4().hex[:6]
+    ns, pin_dir = f"pcl-{tag}", f"/sys/fs/bpf/hpclb/pcl-{tag}"
+    reflect_pin = Path(f"/sys/fs/bpf/pcl-{tag}-reflect")
+    out: dict[str, Any] = {"rows": {}, "method": {
+        "batch_size": LIVE_BATCH, "recycled_repeat": args.live_repeat,
+        "fresh_calls": args.live_fresh_calls, "rounds": args.live_rounds,
+        "frames": "UDP, 18 payload bytes: IPv4 60 bytes, IPv6 80 bytes (no FCS); the "
+                  "reflector's IPv4",
+        "ingress": "veth (native XDP driver); its peer runs sink.bpf.o (XDP_DROP), so "
+                   "that XDP_TX (a redirect to the ingress device in live mode) transmits",
+        "recycled": "repeat=recycled_repeat in batches of batch_size: pages are recycled "
+                    "with their content as the program left it (only data/data_end "
+                    "reset). Used for DSR (only MACs change) and IPIP: the recycled "
+                    "view's EtherType is the outer destination's last two bytes, and the "
+                    "backends end in 0x0800 (10.1.8.0, fd00::800) or 0x86dd (fd00::86dd), "
+                    "so every recycled frame re-parses as the same inner packet",
+        "fresh": "runs of exactly one batch (repeat == batch_size), fresh_calls per round, "
+                 "mean of the runs: every frame on a new page, so it is the original; "
+                 "for GUE, whose recycled view's EtherType is the UDP checksum (0). Each "
+                 "frame also pays a page allocation and copy, as the reflector measured "
+                 "this way does (the ratio is diluted towards 1; minus_reflector_ns is "
+                 "not)",
+        "verified": "over all of a row's runs: rx, fwd_tx, flow_hit (and tunnel_encap "
+                    "for a tunnel row) grew by exactly frames_run; no pass_*/drop_*, "
+                    "fwd_redirect, flow_new or flow_repin moved",
+        "ratios": "ratio_to_reflector: medians' ratio; paired_ratio_to_reflector: median "
+                  "over rounds of row/reflector of the same round (the figure to read on a "
+                  f"noisy host); within_goal: paired <= {LIVE_GOAL}",
+        "programs_attached": "lb_xdp and reflect attached (native) to a spare veth pair "
+                             "while measured, so that each test run finds them in the "
+                             "kernel's XDP dispatcher"}}
+    dataplane: DataplaneProcess | None = None
+    progs: dict[str, PinnedXdpProgram] = {}
+
+    def sh(*argv: str) -> None:
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if res.returncode:
+            raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip()}")
+
+    try:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "add", "lv0", "type", "veth", "peer", "name", "lv1")
+        sh("ip", "-n", ns, "link", "set", "lv0", "up")
+        sh("ip", "-n", ns, "link", "set", "lv1", "up")
+        sh("ip", "-n", ns, "link", "set", "lv1", "xdpdrv", "obj", str(build / "sink.bpf.o"),
+           "sec", "xdp")
+        dataplane = DataplaneProcess(
+            argv=[str(build / "hpclb-xdp"), "--netns", ns, "--iface", "lv0", "--no-attach",
+                  "--pin-dir", pin_dir, "--socket", f"ipc://{workdir}/live.sock"],
+            endpoint=f"ipc://{workdir}/live.sock", pidfile=workdir / "live.pid",
+            log_path=workdir / "live.log")
+        dataplane.start()
+        client: DataplaneClient = dataplane.client
+        hello = client.hello()
+        port_mac = ":".join(f"{b:02x}" for b in bytes(hello["ports"][0]["mac"]))
+        ifindex = int(hello["ports"][0]["ifindex"])
+        _live_tables(client)
+        sh("bpftool", "prog", "load", str(build / "reflect.bpf.o"), str(reflect_pin),
+           "type", "xdp")
+        # Both programs attached (native, to a spare veth pair no frame
+        # crosses) while measured: a test run of a program the kernel's XDP
+        # dispatcher does not hold swaps it in and out, each time waiting
+        # for an RCU grace period (milliseconds on this host; untimed, but
+        # thousands of one-batch runs would take many minutes).
+        # (`ip -n` would remount /sys, hiding bpffs: ip runs in the namespace.)
+        sh("ip", "-n", ns, "link", "add", "lv2", "type", "veth", "peer", "name", "lv3")
+        with netns.inside(ns):
+            sh("ip", "link", "set", "lv2", "xdpdrv", "pinned", f"{pin_dir}/lb_xdp")
+            sh("ip", "link", "set", "lv3", "xdpdrv", "pinned", str(reflect_pin))
+        progs = {"lb": PinnedXdpProgram(f"{pin_dir}/lb_xdp"),
+                 "reflect": PinnedXdpProgram(str(reflect_pin))}
+        frames = {name: _live_frame(LIVE_VIPS[vip] if vip else None, port_mac)
+                  for name, _, vip, _ in LIVE_ROWS}
+        runs: dict[str, list[float]] = {name: [] for name, *_ in LIVE_ROWS}
+        counted: dict[str, dict[str, int]] = {}
+        with netns.inside(ns):
+            for name, prog, _, _ in LIVE_ROWS:  # pin every flow first (flow_new)
+                if prog == "lb":
+                    progs[prog].run(frames[name])
+            for _ in range(args.live_rounds):
+                for name, prog, _, method in LIVE_ROWS:
+                    before = (_counter_map(client) if prog == "lb" else None)
+                    ns_per, n = _live_run(progs[prog], frames[name], method, ifindex, args)
+                    runs[name].append(ns_per)
+                    if before is not None:
+                        after = _counter_map(client)
+                        c = counted.setdefault(name, {})
+                        for k in after:
+                            c[k] = c.get(k, 0) + after[k] - before.get(k, 0)
+                        c["frames_run"] = c.get("frames_run", 0) + n
+        for name, prog, vip, method in LIVE_ROWS:
+            row: dict[str, Any] = {"program": prog, "method": method, "vip": vip,
+                                   "frame_bytes": len(frames[name]),
+                                   "ns_per_frame": statistics.median(runs[name]),
+                                   "runs_ns": runs[name]}
+            if name in counted:
+                c = counted[name]
+                tunnel = vip is not None and LIVE_VIPS[vip].mode == 2
+                row["counters"] = {k: c.get(k, 0) for k in (
+                    "frames_run", "rx", "fwd_tx", "flow_hit", "tunnel_encap",
+                    *_LIVE_MUST_STAY)}
+                row["verified"] = (
+                    c["rx"] == c["fwd_tx"] == c["flow_hit"] == c["frames_run"]
+                    and c.get("tunnel_encap", 0) == (c["frames_run"] if tunnel else 0)
+                    and not any(c.get(k, 0) for k in _LIVE_MUST_STAY))
+            ref = "reflect" if method == "recycled" else "reflect_fresh"
+            if prog == "lb":
+                row["ratio_to_reflector"] = row["ns_per_frame"] / statistics.median(runs[ref])
+                row["paired_ratio_to_reflector"] = statistics.median(
+                    a / b for a, b in zip(runs[name], runs[ref], strict=True) if b)
+                row["minus_reflector_ns"] = row["ns_per_frame"] - statistics.median(runs[ref])
+                row["within_goal"] = row["paired_ratio_to_reflector"] <= LIVE_GOAL
+            out["rows"][name] = row
+        out["lb_xdp"] = _prog_info(f"{pin_dir}/lb_xdp")
+    except Exception as err:  # kept in the report, as a failed trial is
+        out["error"] = f"{type(err).__name__}: {str(err)[-3000:]}"
+        print(f"live rows: {out['error'][:300]}", file=sys.stderr)
+    finally:
+        for prog in progs.values():
+            prog.close()
+        if dataplane is not None:
+            dataplane.stop()
+        reflect_pin.unlink(missing_ok=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["rm", "-rf", pin_dir], capture_output=True, check=False)
+    return out
+
+
+def _counter_map(client: Any) -> dict[str, int]:
+    return {k: int(v) for k, v in client.stats()["counters"].items()}
+
+
+def print_live(live: dict[str, Any]) -> None:
+    if "error" in live:
+        print(f"live rows: error: {live['error'][:300]}")
+        return
+    print(f"{'live (candidate)':24} {'ns/frame':>9} {'x reflector':>12} {'paired':>8} "
+          f"{'+ns':>7}  verified")
+    def f(row: dict[str, Any], key: str, spec: str) -> str:
+        return format(row[key], spec) if key in row else "-"
+
+    for name, row in live["rows"].items():
+        print(f"{name:24} {row['ns_per_frame']:9.1f} {f(row, 'ratio_to_reflector', '.3f'):>12} "
+              f"{f(row, 'paired_ratio_to_reflector', '.3f'):>8} "
+              f"{f(row, 'minus_reflector_ns', '.1f'):>7}"
+              f"  {row.get('verified', '-')}")
+
+
 # --- the run ------------------------------------------------------------------
 
 def _fail(entry: dict[str, Any], side: str, dataplane: str, n: int, err: Exception) -> None:
@@ -748,6 +1042,9 @@ def run(args: argparse.Namespace) -> int:
                     "error" if v is None else f"{v:,.1f}" for v in vals))
             print(f"trial {n + 1}/{args.trials} (baseline / candidate): " + "; ".join(line),
                   flush=True)
+        if "xdp" in dataplanes and args.live:
+            print("live rows (candidate)...", flush=True)
+            report["live"] = live_rows(builds["candidate"], workdir, args)
     median, ratio, paired = summarize(trials, dataplanes)
     hashes = {side: {dp: sorted({e["binary_sha256_16"] for e in trials[side][dp]
                                  if "binary_sha256_16" in e}) for dp in dataplanes}
@@ -762,6 +1059,8 @@ def run(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print_summary(median, ratio, paired, dataplanes)
+    if "live" in report:
+        print_live(report["live"])
     for side in SIDES:
         for dp in dataplanes:
             if len(hashes[side][dp]) > 1:
@@ -795,12 +1094,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dpdk-rate", type=float, default=100_000,
                    help="frames a second of the DPDK load (0: as fast as trafgen goes)")
     p.add_argument("--dataplanes", default="xdp,dpdk", help="xdp, dpdk or xdp,dpdk")
+    p.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
+                   help="the live-frame rows of the candidate (IPv6 DSR, tunnel mode, "
+                        "beside the reflector)")
+    p.add_argument("--live-rounds", type=int, default=9,
+                   help="rounds of the live rows (each row once per round, in turn)")
+    p.add_argument("--live-repeat", type=int, default=100_000,
+                   help="frames per recycled-method run of a live row")
+    p.add_argument("--live-fresh-calls", type=int, default=1000,
+                   help="one-batch runs per fresh-method round of a live row")
     p.add_argument("--order", choices=("abab", "abba"), default="abab",
                    help="abab: baseline first in every trial; abba: first in odd trials, "
                         "second in even ones (cancels an effect of going first)")
     args = p.parse_args(argv)
     if args.trials < 1 or args.repeat < 1 or not 1 <= args.new_flows <= 64000:
         p.error("--trials and --repeat must be >= 1, --new-flows in 1..64000")
+    if min(args.live_rounds, args.live_repeat, args.live_fresh_calls) < 1:
+        p.error("--live-rounds, --live-repeat and --live-fresh-calls must be >= 1")
     if not args.dataplanes or not set(args.dataplanes.split(",")) <= set(DATAPLANES):
         p.error("--dataplanes: xdp, dpdk or xdp,dpdk")
     if os.geteuid() != 0:

@@ -93,15 +93,6 @@
 #define LB_ENCAP_UDP_LEN 8  /* GUE's UDP header */
 #define LB_ENCAP_MAX_LEN (LB_ENCAP_V6_LEN + LB_ENCAP_UDP_LEN)
 
-struct lb_udp_hdr {
-	__be16 sport;
-	__be16 dport;
-	__be16 len;
-	__u16 check;
-} LB_WIRE;
-
-_Static_assert(sizeof(struct lb_udp_hdr) == 8, "UDP header is 8 bytes");
-
 /* Everything lb_encap_write needs, gathered before the frame moves (XDP's
  * adjust_head invalidates every packet pointer). */
 struct lb_encap_plan {
@@ -231,8 +222,8 @@ LB_INLINE __u16 lb_ipv4_hdr_csum(const struct lb_ipv4_hdr *h)
  * the plane made e->len bytes of room in front of the inner packet (so the
  * inner packet starts at data + 14 + e->len). 0, or -1 (nothing written)
  * when the frame is too short to hold them, which cannot be after a parse
- * and a successful adjust; the check is on the pointer written through, for
- * the verifier. */
+ * and a successful adjust; the checks are on the pointer written through and
+ * come before any store, for the verifier. */
 LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_encap_plan *e)
 {
 	struct lb_eth_hdr *eth = (struct lb_eth_hdr *)data;
@@ -241,15 +232,16 @@ LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_e
 	__u8 gue = e->encap == LB_ENCAP_GUE;
 	struct lb_udp_hdr *udp;
 
-	__builtin_memcpy(eth->dst, e->dst_mac, LB_ETH_ALEN);
-	__builtin_memcpy(eth->src, e->src_mac, LB_ETH_ALEN);
+	/* Ethernet + IPv4 + UDP, the least any encapsulation writes (an IPIP
+	 * frame is longer anyway: its inner IP header follows), checked before
+	 * the first store; the IPv6 branch checks its own, longer span. */
+	if (LB_PAST_END(data, sizeof(*eth) + LB_ENCAP_V4_LEN + LB_ENCAP_UDP_LEN, data_end))
+		return -1;
 	if (e->outer_family == LB_FAMILY_V4) {
 		struct lb_ipv4_hdr *ip = (struct lb_ipv4_hdr *)l3;
 
-		/* Ethernet + IPv4 + UDP: what the GUE case writes; the IPIP
-		 * frame is longer than that anyway (its inner IP header). */
-		if (LB_PAST_END(data, sizeof(*eth) + LB_ENCAP_V4_LEN + LB_ENCAP_UDP_LEN, data_end))
-			return -1;
+		__builtin_memcpy(eth->dst, e->dst_mac, LB_ETH_ALEN);
+		__builtin_memcpy(eth->src, e->src_mac, LB_ETH_ALEN);
 		eth->proto = lb_htons(LB_ETH_P_IP);
 		ip->ver_ihl = 0x45;
 		ip->tos = e->tos;
@@ -269,6 +261,8 @@ LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_e
 
 		if (LB_PAST_END(data, sizeof(*eth) + LB_ENCAP_V6_LEN + LB_ENCAP_UDP_LEN, data_end))
 			return -1;
+		__builtin_memcpy(eth->dst, e->dst_mac, LB_ETH_ALEN);
+		__builtin_memcpy(eth->src, e->src_mac, LB_ETH_ALEN);
 		eth->proto = lb_htons(LB_ETH_P_IPV6);
 		ip6->ver_tc_flow = __builtin_bswap32(vtf);
 		ip6->payload_len = lb_htons((__u16)(e->len - LB_ENCAP_V6_LEN + e->inner_len));

@@ -100,13 +100,6 @@ struct lb_tcp_hdr {
 	__be16 urg_ptr;
 } LB_WIRE;
 
-struct lb_udp_hdr {
-	__be16 sport;
-	__be16 dport;
-	__be16 len;
-	__u16 check;
-} LB_WIRE;
-
 struct lb_icmp_hdr {
 	__u8 type;
 	__u8 code;
@@ -115,7 +108,6 @@ struct lb_icmp_hdr {
 } LB_WIRE;
 
 _Static_assert(sizeof(struct lb_tcp_hdr) == 20, "TCP header is 20 bytes");
-_Static_assert(sizeof(struct lb_udp_hdr) == 8, "UDP header is 8 bytes");
 _Static_assert(sizeof(struct lb_icmp_hdr) == LB_ICMP_HLEN, "ICMP header is 8 bytes");
 _Static_assert(__builtin_offsetof(struct lb_tcp_hdr, check) + 2 == LB_TCP_CSUM_END,
 	       "TCP checksum ends at 18");

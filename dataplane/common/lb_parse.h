@@ -157,12 +157,22 @@ struct lb_l4_ports {
 	__be16 dport;
 } LB_WIRE;
 
+/* The whole UDP header: NAT rewrites its checksum (lb_nat.h), tunnel mode
+ * writes one (GUE, lb_encap.h). */
+struct lb_udp_hdr {
+	__be16 sport;
+	__be16 dport;
+	__be16 len;
+	__u16 check;
+} LB_WIRE;
+
 _Static_assert(sizeof(struct lb_eth_hdr) == 14, "Ethernet header is 14 bytes");
 _Static_assert(sizeof(struct lb_vlan_hdr) == 4, "802.1Q tag is 4 bytes");
 _Static_assert(sizeof(struct lb_ipv4_hdr) == 20, "IPv4 header is 20 bytes");
 _Static_assert(sizeof(struct lb_ipv6_hdr) == 40, "IPv6 header is 40 bytes");
 _Static_assert(sizeof(struct lb_ipv6_ext_hdr) == 8, "extension header minimum is 8");
 _Static_assert(sizeof(struct lb_ipv6_frag_hdr) == 8, "fragment header is 8 bytes");
+_Static_assert(sizeof(struct lb_udp_hdr) == 8, "UDP header is 8 bytes");
 
 /* ---- the result ---------------------------------------------------------- */
 

@@ -37,6 +37,10 @@ struct lb_port_stats {
  * tries to restore the previous contents with the same calls. */
 struct lb_dataplane_ops {
 	int (*set_config)(void *ctx, const struct lb_config *cfg);
+	/* vip is whole (pad 0). Mode 2 only where info.tunnel, and then with a
+	 * tunnel_src (IPv6 for an IPv6 VIP), nat_port 0, gue_port non-zero
+	 * exactly with LB_ENCAP_GUE; other modes have tunnel_encap, gue_port
+	 * and tunnel_src_bits 0. */
 	int (*set_vip)(void *ctx, const struct lb_vip_key *key, const struct lb_vip_entry *vip);
 	int (*del_vip)(void *ctx, const struct lb_vip_key *key);
 	/* Upsert n backend entries; state LB_BACKEND_UNUSED empties an entry. */
@@ -92,6 +96,9 @@ struct lb_proto_info {
 	__u32 conn_table_size;   /* NAT connection-table entries (0: no NAT mode;
 	                          * hello reports 0 whatever this says when the
 	                          * ops have no set_nat) */
+	bool tunnel;             /* the fast path does tunnel mode (VIP mode 2,
+	                          * lb_encap.h): set_vip accepts mode 2. The data
+	                          * plane also lists "tunnel" in capabilities */
 };
 
 /* The configured tables. A VIP's ring exists while the VIP does. */
@@ -103,7 +110,17 @@ struct lb_proto_vip {
 	__u8 nat_flags;           /* LB_VIP_F_* (NAT mode only) */
 	struct lb_vip_key key;    /* IPv4: the address's other 12 bytes 0 */
 	union lb_addr tunnel_src; /* 0 when tunnel_family is 0 */
+	__u8 tunnel_encap;        /* enum lb_encap: tunnel mode only, 0 otherwise */
+	__u8 tunnel_src_bits;     /* 0..LB_TUNNEL_SRC_BITS_MAX: tunnel mode only, 0 otherwise */
+	__be16 gue_port;          /* network order: tunnel mode with GUE only, 0 otherwise */
 };
+
+/* The table entry of VIP vip_id whose shadow is *v (every lb_vip_entry field,
+ * pad 0), and back: what a data plane writes to its VIP table and reads from
+ * it (XDP: lb_proto_server_restore's input from pinned maps). The key and
+ * 'used' are not in the entry; lb_proto_vip_from_entry leaves them alone. */
+void lb_proto_vip_entry(const struct lb_proto_vip *v, __u32 vip_id, struct lb_vip_entry *e);
+void lb_proto_vip_from_entry(const struct lb_vip_entry *e, struct lb_proto_vip *v);
 
 struct lb_proto_state {
 	struct lb_config config;                     /* ring_size fixed at start */
@@ -149,7 +166,12 @@ void lb_proto_server_free(struct lb_proto_server *srv);
  * lb_proto_nat_check; a VIP may be mode LB_MODE_NAT (IPv4 only) and carry
  * nat_flags LB_VIP_F_SNAT (NAT VIPs only, and only with a SNAT address in
  * st->nat). Without ops->set_nat, st->nat is ignored (the server keeps the
- * defaults) and every VIP must be DSR with nat_flags 0. */
+ * defaults) and every VIP must be DSR with nat_flags 0.
+ * Tunnel: with info->tunnel a VIP may be mode LB_MODE_TUNNEL, with a
+ * tunnel_src (IPv6 for an IPv6 VIP), tunnel_encap an enum lb_encap, gue_port
+ * non-zero exactly with GUE, tunnel_src_bits <= LB_TUNNEL_SRC_BITS_MAX and
+ * nat_port 0; any other VIP has tunnel_encap, gue_port and tunnel_src_bits 0
+ * (lb_proto_vip_from_entry fills them from the table entries). */
 int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_state *st,
 			    char *err, size_t errlen);
 

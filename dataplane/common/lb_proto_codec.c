@@ -499,6 +499,40 @@ int lb_codec_vip_extras(struct lb_codec_req *r, struct lb_vip_entry *e)
 	return 0;
 }
 
+int lb_codec_vip_tunnel(struct lb_codec_req *r, struct lb_vip_entry *e,
+			struct lb_codec_tunnel_given *given)
+{
+	const msgpack_object *enc, *gue, *bits;
+	uint64_t v;
+
+	memset(given, 0, sizeof(*given));
+	e->tunnel_encap = LB_ENCAP_IPIP;
+	e->gue_port = 0;
+	e->tunnel_src_bits = 0;
+	if (lookup(r, r->root, "", "tunnel_encap", &enc) ||
+	    (enc && get_uint(r, r->root, "", "tunnel_encap", LB_ENCAP_IPIP, LB_ENCAP_GUE, &v)))
+		return -1;
+	if (enc) {
+		e->tunnel_encap = (__u8)v;
+		given->tunnel_encap = true;
+	}
+	if (lookup(r, r->root, "", "gue_port", &gue) ||
+	    (gue && get_uint(r, r->root, "", "gue_port", 1, 65535, &v)))
+		return -1;
+	if (gue) {
+		e->gue_port = htons((__u16)v);
+		given->gue_port = true;
+	}
+	if (lookup(r, r->root, "", "tunnel_src_bits", &bits) ||
+	    (bits && get_uint(r, r->root, "", "tunnel_src_bits", 0, LB_TUNNEL_SRC_BITS_MAX, &v)))
+		return -1;
+	if (bits) {
+		e->tunnel_src_bits = (__u8)v;
+		given->tunnel_src_bits = true;
+	}
+	return 0;
+}
+
 int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present)
 {
 	const msgpack_object *o;
@@ -818,9 +852,14 @@ static void pack_addr(msgpack_packer *pk, const union lb_addr *a, __u8 family)
 
 static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 {
-	bool tunnel = v->tunnel_family != 0;
+	bool src = v->tunnel_family != 0;
+	/* The tunnel fields only with a tunnel VIP (set_vip refuses them with
+	 * another mode), gue_port only with GUE (refused with IPIP): a dumped
+	 * VIP sent back as set_vip is the same VIP. */
+	bool tunnel = v->mode == LB_MODE_TUNNEL;
+	bool gue = tunnel && v->tunnel_encap == LB_ENCAP_GUE;
 
-	msgpack_pack_map(pk, 7 + (tunnel ? 1 : 0));
+	msgpack_pack_map(pk, 7 + (src ? 1 : 0) + (tunnel ? 2 : 0) + (gue ? 1 : 0));
 	pack_str(pk, "vip_id");
 	msgpack_pack_uint32(pk, id);
 	pack_str(pk, "addr");
@@ -838,9 +877,19 @@ static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 		msgpack_pack_true(pk);
 	else
 		msgpack_pack_false(pk);
-	if (tunnel) {
+	if (src) {
 		pack_str(pk, "tunnel_src");
 		pack_addr(pk, &v->tunnel_src, v->tunnel_family);
+	}
+	if (tunnel) {
+		pack_str(pk, "tunnel_encap");
+		msgpack_pack_uint8(pk, v->tunnel_encap);
+		pack_str(pk, "tunnel_src_bits");
+		msgpack_pack_uint8(pk, v->tunnel_src_bits);
+	}
+	if (gue) {
+		pack_str(pk, "gue_port");
+		msgpack_pack_uint16(pk, ntohs(v->gue_port));
 	}
 }
 

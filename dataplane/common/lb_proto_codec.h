@@ -120,6 +120,20 @@ int lb_codec_vip_key(struct lb_codec_req *r, struct lb_vip_key *key);
  * into e. The other fields of e are left alone. */
 int lb_codec_vip_extras(struct lb_codec_req *r, struct lb_vip_entry *e);
 
+/* Which of set_vip's tunnel fields the request gave: the mode rules refuse
+ * them with a mode other than 2, and gue_port with IPIP. */
+struct lb_codec_tunnel_given {
+	bool tunnel_encap, gue_port, tunnel_src_bits;
+};
+
+/* set_vip's optional tunnel fields into e: 'tunnel_encap' (uint 0..1, enum
+ * lb_encap, default LB_ENCAP_IPIP), 'gue_port' (uint 1..65535, network order;
+ * absent: 0, the op side puts LB_GUE_PORT_DEFAULT in for GUE), and
+ * 'tunnel_src_bits' (uint 0..LB_TUNNEL_SRC_BITS_MAX, default 0). Only their
+ * own type and range: the rules across fields are the op side's. */
+int lb_codec_vip_tunnel(struct lb_codec_req *r, struct lb_vip_entry *e,
+			struct lb_codec_tunnel_given *given);
+
 /* Whether the optional field key is present (given twice is an error). */
 int lb_codec_has(struct lb_codec_req *r, const char *key, bool *present);
 

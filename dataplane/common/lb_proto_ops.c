@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 
 #include "lb_proto_codec.h"
 
@@ -87,6 +88,97 @@ static bool has_nat(const struct lb_proto_server *srv)
 	return srv->ops->set_nat != NULL;
 }
 
+/* Whether it serves tunnel mode (lb_proto_info.tunnel). */
+static bool has_tunnel(const struct lb_proto_server *srv)
+{
+	return srv->info.tunnel;
+}
+
+/* The modes a data plane serves, for the "mode not supported" error. */
+static const char *modes_served(const struct lb_proto_server *srv)
+{
+	if (has_nat(srv) && has_tunnel(srv))
+		return "0 (dsr), 1 (nat) and 2 (tunnel) are";
+	if (has_nat(srv))
+		return "0 (dsr) and 1 (nat) are";
+	if (has_tunnel(srv))
+		return "0 (dsr) and 2 (tunnel) are";
+	return "0 (dsr) is";
+}
+
+void lb_proto_vip_entry(const struct lb_proto_vip *v, __u32 vip_id, struct lb_vip_entry *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->vip_id = vip_id;
+	e->mode = v->mode;
+	e->tunnel_family = v->tunnel_family;
+	e->nat_port = v->nat_port;
+	e->tunnel_src = v->tunnel_src;
+	e->nat_flags = v->nat_flags;
+	e->tunnel_encap = v->tunnel_encap;
+	e->gue_port = v->gue_port;
+	e->tunnel_src_bits = v->tunnel_src_bits;
+}
+
+void lb_proto_vip_from_entry(const struct lb_vip_entry *e, struct lb_proto_vip *v)
+{
+	v->mode = e->mode;
+	v->tunnel_family = e->tunnel_family;
+	v->nat_port = e->nat_port;
+	v->tunnel_src = e->tunnel_src;
+	v->nat_flags = e->nat_flags;
+	v->tunnel_encap = e->tunnel_encap;
+	v->gue_port = e->gue_port;
+	v->tunnel_src_bits = e->tunnel_src_bits;
+}
+
+/* set_vip's rules across fields, in PROTOCOL.md's order, once every field
+ * passed its own checks; e holds the decoded extras. */
+static int vip_mode_rules(struct call *c, const struct lb_vip_key *key, uint64_t mode,
+			  const struct lb_vip_entry *e, const struct lb_codec_tunnel_given *given,
+			  bool snat)
+{
+	struct lb_proto_server *srv = c->srv;
+	struct lb_codec_req *r = c->r;
+
+	if ((mode == LB_MODE_NAT && !has_nat(srv)) || (mode == LB_MODE_TUNNEL && !has_tunnel(srv)))
+		return lb_codec_fail(r, "mode not supported by this data plane: field 'mode' is "
+				     "%llu, only %s implemented", (unsigned long long)mode,
+				     modes_served(srv));
+	if (mode == LB_MODE_NAT && key->family != LB_FAMILY_V4)
+		return lb_codec_fail(r, "field 'mode': NAT mode (1) is IPv4 only, this VIP's "
+				     "'addr' is IPv6");
+	if (mode != LB_MODE_TUNNEL && (given->tunnel_encap || given->gue_port ||
+				       given->tunnel_src_bits))
+		return lb_codec_fail(r, "field '%s': only a tunnel VIP (mode 2) takes it, field "
+				     "'mode' is %llu",
+				     given->tunnel_encap ? "tunnel_encap" :
+				     given->gue_port ? "gue_port" : "tunnel_src_bits",
+				     (unsigned long long)mode);
+	if (mode == LB_MODE_TUNNEL) {
+		if (given->gue_port && e->tunnel_encap != LB_ENCAP_GUE)
+			return lb_codec_fail(r, "field 'gue_port': only GUE (tunnel_encap 1) has a "
+					     "UDP port, tunnel_encap is 0 (ipip)");
+		if (!e->tunnel_family)
+			return lb_codec_fail(r, "field 'tunnel_src': tunnel mode (2) needs an outer "
+					     "source address");
+		/* lb_encap.h: the IPv4 path MTU cannot carry IPv6's 1280 plus 20. */
+		if (key->family == LB_FAMILY_V6 && e->tunnel_family != LB_FAMILY_V6)
+			return lb_codec_fail(r, "field 'tunnel_src': an IPv6 VIP is tunnelled in "
+					     "IPv6 only (IPv6 inside IPv4 is not carried), "
+					     "'tunnel_src' is IPv4");
+		if (e->nat_port)
+			return lb_codec_fail(r, "field 'nat_port': only a NAT VIP (mode 1) takes "
+					     "a backend port, field 'mode' is 2");
+	}
+	if (snat && mode != LB_MODE_NAT)
+		return lb_codec_fail(r, "field 'snat': only a NAT VIP (mode 1) takes SNAT, "
+				     "field 'mode' is %llu", (unsigned long long)mode);
+	if (snat && srv->st.nat.snat_naddrs == 0)
+		return lb_codec_fail(r, "field 'snat': no SNAT pool configured (set_nat)");
+	return 0;
+}
+
 /* ---- applying, and undoing ---------------------------------------------- */
 
 /* Writes an all-LB_NO_BACKEND ring for vip_id (through the scratch ring). */
@@ -138,6 +230,7 @@ static int op_set_vip(struct call *c)
 {
 	struct lb_proto_server *srv = c->srv;
 	struct lb_codec_req *r = c->r;
+	struct lb_codec_tunnel_given given;
 	struct lb_vip_key key;
 	struct lb_vip_entry e;
 	__u32 *ring = NULL;
@@ -146,27 +239,20 @@ static int op_set_vip(struct call *c)
 	int cur, err;
 
 	memset(&e, 0, sizeof(e));
-	/* The NAT and tunnel fields are decoded and checked whatever the mode,
-	 * and stored with a DSR VIP (dump reports them), so that the modes
-	 * that will use them change no wire format when they come. */
+	/* Every field is decoded and checked on its own first, whatever the
+	 * mode (nat_port and tunnel_src are also stored with a DSR VIP, as
+	 * protocol 2 always did), then the rules across fields. */
 	if (lb_codec_uint(r, "vip_id", 0, LB_MAX_VIPS - 1, &vip_id) ||
 	    lb_codec_vip_key(r, &key) ||
 	    lb_codec_uint(r, "mode", LB_MODE_DSR, LB_MODE_TUNNEL, &mode) ||
 	    lb_codec_vip_extras(r, &e) ||
+	    lb_codec_vip_tunnel(r, &e, &given) ||
 	    lb_codec_bool(r, "snat", false, &snat))
 		return -1;
-	if (mode == LB_MODE_TUNNEL || (mode == LB_MODE_NAT && !has_nat(srv)))
-		return lb_codec_fail(r, "mode not supported by this data plane: field 'mode' is "
-				     "%llu, only 0 (dsr)%s implemented", (unsigned long long)mode,
-				     has_nat(srv) ? " and 1 (nat) are" : " is");
-	if (mode == LB_MODE_NAT && key.family != LB_FAMILY_V4)
-		return lb_codec_fail(r, "field 'mode': NAT mode (1) is IPv4 only, this VIP's "
-				     "'addr' is IPv6");
-	if (snat && mode != LB_MODE_NAT)
-		return lb_codec_fail(r, "field 'snat': only a NAT VIP (mode 1) takes SNAT, "
-				     "field 'mode' is %llu", (unsigned long long)mode);
-	if (snat && srv->st.nat.snat_naddrs == 0)
-		return lb_codec_fail(r, "field 'snat': no SNAT pool configured (set_nat)");
+	if (vip_mode_rules(c, &key, mode, &e, &given, snat))
+		return -1;
+	if (mode == LB_MODE_TUNNEL && e.tunnel_encap == LB_ENCAP_GUE && !e.gue_port)
+		e.gue_port = htons(LB_GUE_PORT_DEFAULT);
 	cur = find_vip(srv, &key);
 	if (cur >= 0 && (uint64_t)cur != vip_id)
 		return lb_codec_fail(r, "field 'vip_id': this addr/port/proto is already VIP %d "
@@ -221,11 +307,7 @@ static int op_set_vip(struct call *c)
 		srv->st.vips[vip_id].used = true;
 		srv->st.vips[vip_id].key = key;
 	}
-	srv->st.vips[vip_id].mode = (__u8)mode;
-	srv->st.vips[vip_id].nat_port = e.nat_port;
-	srv->st.vips[vip_id].tunnel_family = e.tunnel_family;
-	srv->st.vips[vip_id].tunnel_src = e.tunnel_src;
-	srv->st.vips[vip_id].nat_flags = e.nat_flags;
+	lb_proto_vip_from_entry(&e, &srv->st.vips[vip_id]);
 	c->changed = 1;
 	return 0;
 }
@@ -583,11 +665,25 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 			snprintf(err, errlen, "VIP %u: bad key", i);
 			return -EINVAL;
 		}
-		/* set_vip's mode rules: DSR, or NAT (IPv4) where the plane has it. */
+		/* set_vip's mode rules: DSR, NAT (IPv4) where the plane has it,
+		 * tunnel where the plane has it. */
 		if (v->mode != LB_MODE_DSR &&
-		    (v->mode != LB_MODE_NAT || !has_nat(srv) || v->key.family != LB_FAMILY_V4)) {
+		    (v->mode != LB_MODE_NAT || !has_nat(srv) || v->key.family != LB_FAMILY_V4) &&
+		    (v->mode != LB_MODE_TUNNEL || !has_tunnel(srv))) {
 			snprintf(err, errlen, "VIP %u: mode %u (family %u) not served", i, v->mode,
 				 v->key.family);
+			return -EINVAL;
+		}
+		if (v->mode == LB_MODE_TUNNEL ?
+		    (!v->tunnel_family || v->tunnel_encap > LB_ENCAP_GUE ||
+		     (v->tunnel_encap == LB_ENCAP_GUE) != (v->gue_port != 0) ||
+		     v->tunnel_src_bits > LB_TUNNEL_SRC_BITS_MAX || v->nat_port ||
+		     (v->key.family == LB_FAMILY_V6 && v->tunnel_family != LB_FAMILY_V6)) :
+		    (v->tunnel_encap || v->gue_port || v->tunnel_src_bits)) {
+			snprintf(err, errlen, "VIP %u: mode %u with tunnel_src family %u, "
+				 "tunnel_encap %u, gue_port %u, tunnel_src_bits %u, nat_port %u",
+				 i, v->mode, v->tunnel_family, v->tunnel_encap, ntohs(v->gue_port),
+				 v->tunnel_src_bits, ntohs(v->nat_port));
 			return -EINVAL;
 		}
 		if ((v->nat_flags & ~LB_VIP_F_SNAT) ||

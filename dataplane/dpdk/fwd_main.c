@@ -191,8 +191,8 @@ static int split_args(int argc, char **argv)
 	return argc;
 }
 
-static const char *const capabilities[] = { "dsr", "nat", "patch_ring", "redirect",
-					    "arp_reply", "rcu_tables", NULL };
+static const char *const capabilities[] = { "dsr", "nat", "tunnel", "patch_ring", "redirect",
+					    "arp_reply", "ndp_reply", "rcu_tables", NULL };
 
 static struct fwd_context ctx;
 static struct fwd_port *ports_for_stats;
@@ -345,6 +345,7 @@ int main(int argc, char **argv)
 	info.dataplane = "dpdk";
 	info.attach_mode = "poll";
 	info.capabilities = capabilities;
+	info.tunnel = true; /* tunnel mode (fwd_packet.c, lb_encap.h): set_vip takes mode 2 */
 	info.conn_table_size = o.conn_table_size;
 	info.nports = o.nports;
 	for (unsigned int p = 0; p < o.nports; p++)

@@ -6,9 +6,12 @@
 
 #include "fwd_packet.h"
 #include "lb_conn.h"
+#include "lb_encap.h"
 #include "lb_hash.h"
 #include "lb_parse.h"
 #include "lb_rewrite.h"
+
+#define LB_IPPROTO_ICMPV6 58
 
 static inline void count(struct lb_counter *c, __u64 bytes)
 {
@@ -98,6 +101,209 @@ static inline void vip_key_v4(struct lb_vip_key *vkey, const struct lb_flow_key 
 	vkey->port = flow->dport;
 	vkey->proto = flow->proto;
 	vkey->family = LB_FAMILY_V4;
+}
+
+/* The flow key of an IPv6 flow: all 40 bytes written (the pad too), as the
+ * table hashes and compares them raw. */
+static inline void flow_key_v6(struct lb_flow_key *flow, const struct lb_parsed *p)
+{
+	flow->saddr = p->src;
+	flow->daddr = p->dst;
+	flow->sport = p->sport;
+	flow->dport = p->dport;
+	flow->proto = p->proto;
+	flow->family = LB_FAMILY_V6;
+	flow->pad[0] = 0;
+	flow->pad[1] = 0;
+}
+
+/* The VIP key of an IPv6 flow: 20 bytes, no padding, every one written. */
+static inline void vip_key_v6(struct lb_vip_key *vkey, const struct lb_flow_key *flow)
+{
+	vkey->addr = flow->daddr;
+	vkey->port = flow->dport;
+	vkey->proto = flow->proto;
+	vkey->family = LB_FAMILY_V6;
+}
+
+/* ---- IPv6 neighbour discovery (RFC 4861) -------------------------------
+ * The kernel holds no VIP address in DPDK mode (as for ARP), so a Neighbor
+ * Solicitation for an IPv6 VIP is answered here, in place, on the port it
+ * came in on: a router or client on that link resolves the VIP to this port.
+ * Everything else ICMPv6 goes to the kernel. */
+
+#define ICMPV6_NS 135
+#define ICMPV6_NA 136
+#define ND_OPT_SLLA 1 /* source link-layer address */
+#define ND_OPT_TLLA 2 /* target link-layer address */
+#define ND_NS_LEN 24  /* type, code, checksum, reserved, target */
+#define ND_NA_LEN 32  /* type, code, checksum, flags, target, one TLLA option */
+#define ND_NA_S 0x40  /* Solicited, in the flags byte */
+#define ND_NA_O 0x20  /* Override */
+#define ND_HOP_LIMIT 255
+#define ND_MAX_OPTS 64 /* options walked in a solicitation (each is 8 bytes or more) */
+#define ETH_IP6_LEN (sizeof(struct lb_eth_hdr) + sizeof(struct lb_ipv6_hdr))
+
+/* One's complement sum of n bytes as big-endian 16-bit words (RFC 1071). */
+static __u32 csum_be(const __u8 *b, __u32 n, __u32 sum)
+{
+	__u32 i;
+
+	for (i = 0; i + 1 < n; i += 2)
+		sum += (__u32)b[i] << 8 | b[i + 1];
+	if (n & 1)
+		sum += (__u32)b[n - 1] << 8;
+	return sum;
+}
+
+/* The ICMPv6 sum (RFC 8200 8.1): the pseudo-header (source, destination,
+ * upper-layer length, next header 58) and the n-byte message at icmp,
+ * folded to 16 bits. The message's checksum is right when this is 0xffff;
+ * with the checksum field 0, its complement is the checksum to write. */
+static __u16 icmp6_sum(const struct lb_ipv6_hdr *ip6, const __u8 *icmp, __u32 n)
+{
+	__u32 sum = csum_be(ip6->saddr, 16, 0);
+
+	sum = csum_be(ip6->daddr, 16, sum);
+	sum += (n >> 16) + (n & 0xffff) + LB_IPPROTO_ICMPV6;
+	sum = csum_be(icmp, n, sum);
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+/* Whether the options of a solicitation are valid (RFC 4861 7.1.1: none of
+ * length 0, each within the message) and how many source link-layer address
+ * options it has. -1 when invalid. */
+static int nd_opts(const __u8 *opt, __u32 n)
+{
+	int slla = 0;
+
+	for (__u32 i = 0; i < ND_MAX_OPTS && n; i++) {
+		__u32 olen;
+
+		if (n < 2 || opt[1] == 0)
+			return -1;
+		olen = opt[1] * 8u;
+		if (olen > n)
+			return -1;
+		slla += opt[0] == ND_OPT_SLLA;
+		opt += olen;
+		n -= olen;
+	}
+	return n ? -1 : slla; /* more than ND_MAX_OPTS: not a solicitation we answer */
+}
+
+/* A Neighbor Solicitation for an IPv6 VIP address becomes its Neighbor
+ * Advertisement (RFC 4861 4.4, 7.2.4), in place: S|O, the target, a target
+ * link-layer address option with the ingress port's MAC, from the target to
+ * the solicitation's source. A solicitation from the unspecified address
+ * (duplicate address detection) is answered to all-nodes, S clear, as 7.2.4
+ * says. The parse said UNSUPPORTED_L4 with proto 58 on an untagged IPv6
+ * frame: the IPv6 header and l3_len lie within the frame. Anything not a
+ * valid solicitation for a VIP goes to the kernel, which owns the rest of
+ * ICMPv6 and drops what is invalid. */
+static __attribute__((noinline)) enum fwd_verdict ndp(struct fwd_packet_ctx *c, struct fwd_frame *f,
+						      const struct lb_parsed *p)
+{
+	static const __u8 all_nodes[16] = { 0xff, 0x02, [15] = 0x01 };
+	static const __u8 all_nodes_mac[6] = { 0x33, 0x33, 0, 0, 0, 0x01 };
+	static const __u8 unspecified[16];
+	struct lb_eth_hdr *eth = (struct lb_eth_hdr *)f->data;
+	struct lb_ipv6_hdr *ip6 = (struct lb_ipv6_hdr *)(f->data + sizeof(*eth));
+	__u8 *icmp = f->data + ETH_IP6_LEN;
+	const __u8 *mac = c->port_macs[c->in_port];
+	__u32 len = f->len, n;
+	__u8 target[16], to[16];
+	bool dad;
+	int slla;
+
+	/* The ICMPv6 header right after the IPv6 one (no extension header: the
+	 * kernel judges those), a whole solicitation inside the packet, which
+	 * lies inside the frame (the parse), hop limit 255 (sent on this link,
+	 * not forwarded onto it), a right checksum, valid options. */
+	if (ip6->nexthdr != LB_IPPROTO_ICMPV6 || p->l3_len < sizeof(*ip6) + ND_NS_LEN ||
+	    ETH_IP6_LEN + ND_NS_LEN > len)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	n = p->l3_len - sizeof(*ip6);
+	if (ip6->hop_limit != ND_HOP_LIMIT || icmp[0] != ICMPV6_NS || icmp[1] != 0 ||
+	    icmp6_sum(ip6, icmp, n) != 0xffff || !fwd_is_vip6_addr(c->tables, icmp + 8))
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	slla = nd_opts(icmp + ND_NS_LEN, n - ND_NS_LEN);
+	dad = !memcmp(ip6->saddr, unspecified, 16);
+	/* From the unspecified address: no source link-layer option (7.1.1). */
+	if (slla < 0 || (dad && slla))
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	/* The advertisement is ETH_IP6_LEN + 32 bytes: more than a solicitation
+	 * without options. An mbuf always has the room; a buffer without it is
+	 * left to the kernel rather than answered short. */
+	if (ETH_IP6_LEN + ND_NA_LEN > len + f->tailroom)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+
+	memcpy(target, icmp + 8, 16);
+	memcpy(to, dad ? all_nodes : ip6->saddr, 16);
+	memcpy(eth->dst, dad ? all_nodes_mac : eth->src, 6);
+	memcpy(eth->src, mac, 6);
+	ip6->ver_tc_flow = RTE_BE32(0x60000000); /* a new packet: class and label 0 */
+	ip6->payload_len = RTE_BE16(ND_NA_LEN);
+	ip6->nexthdr = LB_IPPROTO_ICMPV6;
+	ip6->hop_limit = ND_HOP_LIMIT;
+	memcpy(ip6->saddr, target, 16);
+	memcpy(ip6->daddr, to, 16);
+	icmp[0] = ICMPV6_NA;
+	icmp[1] = 0;
+	icmp[2] = 0; /* checksum, below */
+	icmp[3] = 0;
+	icmp[4] = dad ? ND_NA_O : ND_NA_S | ND_NA_O; /* R clear: a host's answer */
+	icmp[5] = 0;
+	icmp[6] = 0;
+	icmp[7] = 0;
+	memcpy(icmp + 8, target, 16);
+	icmp[24] = ND_OPT_TLLA;
+	icmp[25] = 1; /* 8 bytes */
+	memcpy(icmp + 26, mac, 6);
+	n = (__u16)~icmp6_sum(ip6, icmp, ND_NA_LEN);
+	icmp[2] = (__u8)(n >> 8);
+	icmp[3] = (__u8)n;
+	f->len = ETH_IP6_LEN + ND_NA_LEN;
+	return stat(c, LB_STAT_NDP_REPLY, len, FWD_REPLY);
+}
+
+/* ---- tunnel mode (lb_encap.h) --------------------------------------------
+ * DSR through a tunnel: the backend was picked and pinned as in DSR mode;
+ * the outer headers go into the room before the frame. Out of line, like
+ * NAT's entry points, so that the DSR path compiles as it did. */
+static __attribute__((noinline)) enum fwd_verdict tunnel_out(struct fwd_packet_ctx *c, struct fwd_frame *f,
+							     const struct lb_parsed *p,
+							     const struct fwd_vip_slot *vip,
+							     const struct lb_backend *be,
+							     __u32 backend_id, __u32 port,
+							     __u32 *out_port)
+{
+	const struct lb_vip_entry *v = &c->tables->vip_entries[vip->vip_id];
+	struct lb_encap_plan plan;
+	__u32 len = f->len;
+	__u8 *data;
+
+	/* lb_encap_prepare refuses IPv6 inside IPv4 and a tunnel source of
+	 * another family than the backend's; the mbuf may lack the headroom
+	 * (a PMD that gives little): either way nothing is sent. */
+	if (lb_encap_prepare(&plan, p, v, be, lb_inner_tos(f->data, f->data + len, p)) ||
+	    plan.len > f->headroom)
+		return stat(c, LB_STAT_DROP_ENCAP, len, FWD_DROP);
+	memcpy(plan.dst_mac, be->mac, 6);
+	memcpy(plan.src_mac, c->port_macs[port], 6);
+	data = f->data - plan.len;
+	if (lb_encap_write(data, f->data + len, &plan))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	f->data = data;
+	f->len = len + plan.len;
+	stat(c, LB_STAT_TUNNEL_ENCAP, len, FWD_DROP);
+	stat(c, be->port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
+	count(&c->counters->vips[vip->vip_id], len);
+	count(&c->counters->backends[backend_id], len);
+	*out_port = port;
+	return FWD_OUT;
 }
 
 /* ---- NAT mode (lb_conn.h) ------------------------------------------------
@@ -301,29 +507,151 @@ static __attribute__((noinline)) enum fwd_verdict nat_icmp(struct fwd_packet_ctx
 	return nat_out(c, frame, len, mac, port, &e->c, out_port);
 }
 
-enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __u32 *out_port)
+/* DSR and tunnel mode, both families: the flow's pinned backend, or one
+ * picked on the ring and pinned; then the MACs rewritten (DSR) or, with
+ * `tunnel`, the outer headers put in front. Inlined into each caller; the
+ * IPv4 DSR caller passes a constant false, so its path has no mode test
+ * beyond the one it always had. */
+static inline __attribute__((always_inline)) enum fwd_verdict
+dsr_flow(struct fwd_packet_ctx *c, struct fwd_frame *f, const struct lb_parsed *p,
+	 const struct lb_flow_key *flow, const struct fwd_vip_slot *vip, bool tunnel,
+	 __u32 *out_port)
+{
+	const struct fwd_tables *t = c->tables;
+	const struct lb_backend *backend = NULL;
+	struct fwd_flow_slot *pinned;
+	__u8 *frame = f->data;
+	__u32 len = f->len;
+	__u32 backend_id = LB_NO_BACKEND, port;
+	hash_sig_t sig;
+
+	sig = fwd_flow_sig(c->flows, flow);
+	pinned = fwd_flow_lookup(c->flows, flow, sig, c->now_tsc);
+	if (pinned) {
+		backend_id = pinned->e.backend;
+		backend = backend_in(t, backend_id, LB_BACKEND_UP);
+		if (!backend)
+			backend = backend_in(t, backend_id, LB_BACKEND_DRAINING);
+		if (backend) {
+			stat(c, LB_STAT_FLOW_HIT, len, FWD_DROP);
+		} else {
+			stat(c, LB_STAT_FLOW_REPIN, len, FWD_DROP);
+		}
+	}
+	if (!backend) {
+		struct lb_flow_entry fresh = { 0 };
+
+		backend_id = pick_backend(t, vip->vip_id, lb_flow_hash(t->config.hash_key, flow));
+		backend = backend_in(t, backend_id, LB_BACKEND_UP);
+		if (!backend)
+			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP);
+		if (!pinned)
+			stat(c, LB_STAT_FLOW_NEW, len, FWD_DROP);
+		fresh.backend = backend_id;
+		fresh.vip_id = vip->vip_id;
+		fresh.pinned_ns = c->now_ns;
+		if (pinned) {
+			pinned->e = fresh;
+		} else if (fwd_flow_pin(c->flows, flow, sig, &fresh, c->now_tsc) == 1) {
+			stat(c, LB_STAT_FLOW_EVICT, len, FWD_DROP);
+		}
+	}
+
+	/* Port 0 means "back out of the port it came in on" (lb_tables.h). */
+	port = backend->port ? backend->port : c->in_port;
+	if (port >= c->nports)
+		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
+	if (tunnel)
+		return tunnel_out(c, f, p, vip, backend, backend_id, port, out_port);
+	if (lb_rewrite_macs(frame, frame + len, backend->mac, c->port_macs[port]))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	stat(c, backend->port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
+	count(&c->counters->vips[vip->vip_id], len);
+	count(&c->counters->backends[backend_id], len);
+	*out_port = port;
+	return FWD_OUT;
+}
+
+/* An untagged IPv6 frame (fwd_packet read its EtherType, and its Ethernet
+ * header is whole): lb_parse_untagged's verdicts as lb.bpf.c treats them, a Neighbor Solicitation for a VIP
+ * answered, TCP/UDP to an IPv6 VIP balanced in DSR or tunnel mode as IPv4
+ * (NAT VIPs are IPv4 only: the protocol refuses another). */
+static __attribute__((noinline)) enum fwd_verdict ipv6_packet(struct fwd_packet_ctx *c,
+							      struct fwd_frame *f,
+							      __u32 *out_port)
 {
 	const struct fwd_tables *t = c->tables;
 	struct lb_parsed pkt;
 	struct lb_flow_key flow;
-	const struct fwd_vip_slot *vip;
-	const struct lb_backend *backend = NULL;
-	struct fwd_flow_slot *pinned;
 	struct lb_vip_key vkey;
-	__u32 backend_id = LB_NO_BACKEND, port;
-	hash_sig_t sig;
+	const struct fwd_vip_slot *vip;
+	__u32 len = f->len;
+
+	switch (lb_parse_untagged(&pkt, f->data, f->data + len)) {
+	case LB_PARSE_OK:
+		break;
+	case LB_PARSE_UNSUPPORTED_L4:
+		/* ICMPv6: a Neighbor Solicitation may be for a VIP address. */
+		if (pkt.proto == LB_IPPROTO_ICMPV6)
+			return ndp(c, f, &pkt);
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	case LB_PARSE_FRAGMENT:
+		return stat(c, LB_STAT_PASS_FRAGMENT, len, FWD_TO_KERNEL);
+	case LB_PARSE_EXT_TOO_LONG: /* more extension headers than the parse walks */
+		return stat(c, LB_STAT_PASS_EXT_HEADERS, len, FWD_TO_KERNEL);
+	default: /* LB_PARSE_MALFORMED (NOT_IP cannot be: the EtherType is IPv6's) */
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
+	}
+	flow_key_v6(&flow, &pkt);
+	vip_key_v6(&vkey, &flow);
+	vip = fwd_vip_lookup(t, &vkey);
+	if (!vip) {
+		if (!t->configured)
+			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP); /* see fwd_tables.h */
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	}
+	if (vip->mode == LB_MODE_NAT) /* cannot happen: refused by the protocol */
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	return dsr_flow(c, f, &pkt, &flow, vip, vip->mode == LB_MODE_TUNNEL, out_port);
+}
+
+/* An IPv4 packet to a tunnel VIP: dsr_flow's tunnel copy, out of line. */
+static __attribute__((noinline)) enum fwd_verdict ipv4_tunnel(struct fwd_packet_ctx *c,
+							      struct fwd_frame *f,
+							      const struct lb_parsed *p,
+							      const struct lb_flow_key *flow,
+							      const struct fwd_vip_slot *vip,
+							      __u32 *out_port)
+{
+	return dsr_flow(c, f, p, flow, vip, true, out_port);
+}
+
+enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, struct fwd_frame *f, __u32 *out_port)
+{
+	const struct fwd_tables *t = c->tables;
+	__u8 *frame = f->data;
+	__u32 len = f->len;
+	struct lb_parsed pkt;
+	struct lb_flow_key flow;
+	const struct fwd_vip_slot *vip;
+	struct lb_vip_key vkey;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
 	/* The same one-pass parse as lb.bpf.c: the data planes balance untagged
-	 * IPv4 alone, and one function says so for both. */
+	 * IPv4 and IPv6, in lb_parse_untagged. Its IPv4 half is inlined here,
+	 * on the instructions it always had; an IPv6 EtherType is NOT_IP to
+	 * it, and only then takes the out-of-line IPv6 path (ipv6_packet: the
+	 * rest of lb_parse_untagged), so IPv4 pays nothing for IPv6. */
 	switch (lb_parse_untagged_ipv4(&pkt, frame, frame + len)) {
 	case LB_PARSE_OK:
 		break;
 	case LB_PARSE_NOT_IP:
+		/* NOT_IP means the Ethernet header is whole. */
+		if (((const struct rte_ether_hdr *)frame)->ether_type == RTE_BE16(RTE_ETHER_TYPE_IPV6))
+			return ipv6_packet(c, f, out_port);
 		/* Untagged ARP is ours to answer for VIP addresses (the kernel
 		 * holds none in DPDK mode); the rest, a tagged ARP included (its
-		 * EtherType is the tag's), goes to the kernel. NOT_IP means the
-		 * Ethernet header is whole. */
+		 * EtherType is the tag's), goes to the kernel. */
 		if (((const struct rte_ether_hdr *)frame)->ether_type == RTE_BE16(RTE_ETHER_TYPE_ARP))
 			return arp(c, frame, len);
 		return stat(c, LB_STAT_PASS_NOT_IPV4, len, FWD_TO_KERNEL);
@@ -358,50 +686,12 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, __u8 *frame, __u32 len, __
 			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP); /* see fwd_tables.h */
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	}
-	if (vip->mode == LB_MODE_NAT)
+	/* One test for DSR, as before tunnel mode: the other modes behind it. */
+	if (vip->mode != LB_MODE_DSR) {
+		if (vip->mode == LB_MODE_TUNNEL)
+			return ipv4_tunnel(c, f, &pkt, &flow, vip, out_port);
 		return nat_vip(c, frame, len, &pkt, vip, out_port);
-
-	sig = fwd_flow_sig(c->flows, &flow);
-	pinned = fwd_flow_lookup(c->flows, &flow, sig, c->now_tsc);
-	if (pinned) {
-		backend_id = pinned->e.backend;
-		backend = backend_in(t, backend_id, LB_BACKEND_UP);
-		if (!backend)
-			backend = backend_in(t, backend_id, LB_BACKEND_DRAINING);
-		if (backend) {
-			stat(c, LB_STAT_FLOW_HIT, len, FWD_DROP);
-		} else {
-			stat(c, LB_STAT_FLOW_REPIN, len, FWD_DROP);
-		}
 	}
-	if (!backend) {
-		struct lb_flow_entry fresh = { 0 };
-
-		backend_id = pick_backend(t, vip->vip_id, lb_flow_hash(t->config.hash_key, &flow));
-		backend = backend_in(t, backend_id, LB_BACKEND_UP);
-		if (!backend)
-			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP);
-		if (!pinned)
-			stat(c, LB_STAT_FLOW_NEW, len, FWD_DROP);
-		fresh.backend = backend_id;
-		fresh.vip_id = vip->vip_id;
-		fresh.pinned_ns = c->now_ns;
-		if (pinned) {
-			pinned->e = fresh;
-		} else if (fwd_flow_pin(c->flows, &flow, sig, &fresh, c->now_tsc) == 1) {
-			stat(c, LB_STAT_FLOW_EVICT, len, FWD_DROP);
-		}
-	}
-
-	/* Port 0 means "back out of the port it came in on" (lb_tables.h). */
-	port = backend->port ? backend->port : c->in_port;
-	if (port >= c->nports)
-		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
-	if (lb_rewrite_macs(frame, frame + len, backend->mac, c->port_macs[port]))
-		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
-	stat(c, backend->port == 0 ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
-	count(&c->counters->vips[vip->vip_id], len);
-	count(&c->counters->backends[backend_id], len);
-	*out_port = port;
-	return FWD_OUT;
+	return dsr_flow(c, f, &pkt, &flow, vip, false, out_port);
 }
+

@@ -33,11 +33,13 @@ static void publish(struct fwd_table_store *s, struct fwd_tables *next)
 	rte_free(old);
 }
 
-/* Recreates the lookup index and the ARP address list from vip_keys. */
+/* Recreates the lookup index and the ARP and NDP address lists from vip_keys. */
 static void rebuild_vip_index(struct fwd_tables *t)
 {
 	memset(t->vip_index, 0, sizeof(t->vip_index));
+	memset(t->ndp_addrs, 0, sizeof(t->ndp_addrs));
 	t->n_arp_addrs = 0;
+	t->n_ndp_addrs = 0;
 	for (__u32 v = 0; v < LB_MAX_VIPS; v++) {
 		const struct lb_vip_key *k = &t->vip_keys[v];
 		__u32 h = fwd_vip_index_hash(k);
@@ -59,8 +61,15 @@ static void rebuild_vip_index(struct fwd_tables *t)
 			slot->used = 1;
 			break;
 		}
-		/* ARP is IPv4's: an IPv6 VIP (neighbour discovery) is not
-		 * answered here, its frames go to the kernel. */
+		/* ARP for an IPv4 VIP, neighbour discovery for an IPv6 one:
+		 * each address once, however many ports it serves. */
+		if (k->family == LB_FAMILY_V6) {
+			for (__u32 i = 0; i < t->n_ndp_addrs; i++)
+				seen = seen || !memcmp(&t->ndp_addrs[i], &k->addr, sizeof(k->addr));
+			if (!seen)
+				t->ndp_addrs[t->n_ndp_addrs++] = k->addr;
+			continue;
+		}
 		if (k->family != LB_FAMILY_V4)
 			continue;
 		for (__u32 i = 0; i < t->n_arp_addrs; i++)
@@ -104,6 +113,7 @@ static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_v
 	next->vip_modes[vip->vip_id] = vip->mode;
 	next->vip_nat_flags[vip->vip_id] = vip->nat_flags;
 	next->vip_nat_ports[vip->vip_id] = vip->nat_port;
+	next->vip_entries[vip->vip_id] = *vip;
 	next->vip_used[vip->vip_id] = true;
 	rebuild_vip_index(next);
 	publish(&c->store, next);

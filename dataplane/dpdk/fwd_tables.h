@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <string.h>
 #include <rte_rcu_qsbr.h>
 
 #include "fwd_conn.h"
@@ -50,8 +51,16 @@ struct fwd_tables {
 	__u8 vip_nat_flags[LB_MAX_VIPS];
 	__be16 vip_nat_ports[LB_MAX_VIPS];
 	bool vip_used[LB_MAX_VIPS];
+	/* The entry set_vip was given, by vip_id: tunnel mode's lb_encap_prepare
+	 * reads its tunnel fields. Apart from the index on purpose: a slot stays
+	 * 32 bytes (two a cache line), so the IPv4 lookup touches what it did. */
+	struct lb_vip_entry vip_entries[LB_MAX_VIPS];
 	__u32 arp_addrs[LB_MAX_VIPS]; /* distinct IPv4 VIP addresses the forwarder answers ARP for */
 	__u32 n_arp_addrs;
+	/* Distinct IPv6 VIP addresses the forwarder answers Neighbor
+	 * Solicitations for (fwd_packet.c), as arp_addrs for ARP. */
+	union lb_addr ndp_addrs[LB_MAX_VIPS];
+	__u32 n_ndp_addrs;
 	/* NAT mode's settings (set_nat): the SNAT pool (whose addresses ARP is
 	 * answered for too), the port range, the down policy, the timeouts the
 	 * workers' sweep applies. A swap like any other change: a packet sees
@@ -139,6 +148,15 @@ static inline bool fwd_is_vip_addr(const struct fwd_tables *t, __u32 addr)
 {
 	for (__u32 i = 0; i < t->n_arp_addrs && i < LB_MAX_VIPS; i++)
 		if (t->arp_addrs[i] == addr)
+			return true;
+	return false;
+}
+
+/* An IPv6 VIP address (16 bytes, network order): its solicitations are ours. */
+static inline bool fwd_is_vip6_addr(const struct fwd_tables *t, const __u8 addr[16])
+{
+	for (__u32 i = 0; i < t->n_ndp_addrs && i < LB_MAX_VIPS; i++)
+		if (!memcmp(t->ndp_addrs[i].v6, addr, 16))
 			return true;
 	return false;
 }

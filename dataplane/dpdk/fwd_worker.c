@@ -37,6 +37,28 @@ static void flush(struct fwd_worker *w, uint16_t port_id, struct tx_buffer *b)
 	b->n = 0;
 }
 
+/* Moves m's bounds to the frame fwd_packet left in f: tunnel mode's outer
+ * headers before it, a reply longer or shorter than the request. 0, or -1
+ * if the mbuf cannot (fwd_packet kept within the rooms, so it can). */
+static inline int fit(struct rte_mbuf *m, const struct fwd_frame *f)
+{
+	__u8 *start = rte_pktmbuf_mtod(m, __u8 *);
+	__u32 len = rte_pktmbuf_data_len(m);
+
+	if (f->data == start && f->len == len) /* DSR, NAT, ARP: in place */
+		return 0;
+	if (f->data > start) /* fwd_packet never moves the start forward */
+		return -1;
+	if (f->data < start && !rte_pktmbuf_prepend(m, (uint16_t)(start - f->data)))
+		return -1;
+	len = rte_pktmbuf_data_len(m);
+	if (f->len > len)
+		return rte_pktmbuf_append(m, (uint16_t)(f->len - len)) ? 0 : -1;
+	if (f->len < len)
+		return rte_pktmbuf_trim(m, (uint16_t)(len - f->len));
+	return 0;
+}
+
 /* One burst from the data port in_port: decide, then send by port. */
 static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, unsigned int in)
 {
@@ -53,6 +75,7 @@ static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, u
 	c->in_port = in;
 	for (uint16_t i = 0; i < n; i++) {
 		struct rte_mbuf *m = pkts[i];
+		struct fwd_frame f;
 		__u32 port = 0;
 		enum fwd_verdict v;
 
@@ -63,7 +86,16 @@ static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, u
 			rte_pktmbuf_free(m);
 			continue;
 		}
-		v = fwd_packet(c, rte_pktmbuf_mtod(m, __u8 *), rte_pktmbuf_data_len(m), &port);
+		f.data = rte_pktmbuf_mtod(m, __u8 *);
+		f.len = rte_pktmbuf_data_len(m);
+		f.headroom = rte_pktmbuf_headroom(m);
+		f.tailroom = rte_pktmbuf_tailroom(m);
+		v = fwd_packet(c, &f, &port);
+		if ((v == FWD_OUT || v == FWD_REPLY) && fit(m, &f)) {
+			/* cannot happen: fwd_packet stays within the rooms */
+			w->counters->global[LB_STAT_DROP_TX_ERROR].packets++;
+			v = FWD_DROP;
+		}
 		switch (v) {
 		case FWD_OUT:
 			out[port].m[out[port].n++] = m;

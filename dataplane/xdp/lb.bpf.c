@@ -1,29 +1,33 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * lb.bpf.c - the XDP data plane: IPv4 TCP/UDP to a VIP in DSR mode.
+ * lb.bpf.c - the XDP data plane: TCP/UDP to a VIP in DSR or tunnel mode
+ * (IPv4 and IPv6), and IPv4 NAT mode.
  *
- * Per packet: parse Ethernet/IPv4/L4 with every length checked (the IPv4
- * total length too: it covers the header and fits in the frame; lb_parse.h,
- * shared with the DPDK forwarder), look the (daddr, dport, proto) triple up
- * in vip4_map (the compact IPv4 key; vip_map holds every VIP by the contract's
- * key), then
- *   1. flow_map hit whose backend is up or draining   -> reuse it (affinity:
+ * Per packet: parse Ethernet/IP/L4 with every length checked (lb_parse.h's
+ * lb_parse_untagged, shared with the DPDK forwarder: untagged IPv4 on its old
+ * path, untagged IPv6 beside it, with a bounded walk of the extension
+ * headers), look the (daddr, dport, proto) triple up (IPv4: vip4_map, the
+ * compact key; IPv6: vip_map, the contract's key, which holds every VIP),
+ * then
+ *   1. flow table hit whose backend is up or draining  -> reuse it (affinity:
  *      a weight change or ring patch never moves an established flow; the
- *      flow table is shared by all CPUs, so this holds whichever CPU a
- *      packet arrives on);
- *   2. otherwise hash the 5-tuple (lb_hash.h) into the VIP's ring and take the
- *      first up backend among LB_RING_PROBES probe slots (a down or draining
- *      backend takes no new flow even before the control plane rewrites the
- *      ring), then pin the flow;
- *   3. rewrite the destination MAC to the backend's, the source MAC to the
- *      egress port's (lb_rewrite.h), and XDP_TX (port 0, one-arm) or
- *      XDP_REDIRECT through tx_devmap (two-arm).
- * Everything that is not for a VIP is XDP_PASS, untouched: tagged and IPv6
- * frames too, for now (lb_untagged_ipv4_only), even one to an IPv6 VIP: the
- * tables carry IPv6 VIPs and backends since protocol 2, the fast path does
- * not forward IPv6 yet. Fragments pass to the kernel
- * (a non-first fragment carries no ports, so it cannot be balanced
- * consistently with its head). IP options are skipped using the IHL.
+ *      flow tables are shared by all CPUs, so this holds whichever CPU a
+ *      packet arrives on). IPv4 flows: flow_map (compact key); IPv6 flows:
+ *      flow6_map (struct lb_flow_key);
+ *   2. otherwise hash the flow (lb_hash.h: IPv4 the 16-byte tuple, IPv6 the
+ *      40-byte key) into the VIP's ring and take the first up backend among
+ *      LB_RING_PROBES probe slots (a down or draining backend takes no new
+ *      flow even before the control plane rewrites the ring), then pin it;
+ *   3. DSR: rewrite the destination MAC to the backend's, the source MAC to
+ *      the egress port's (lb_rewrite.h); tunnel mode: put the outer headers
+ *      of lb_encap.h in front of the IP packet (xdp_encap.h), the same MACs
+ *      outside; then XDP_TX (port 0, one-arm) or XDP_REDIRECT through
+ *      tx_devmap (two-arm).
+ * Everything that is not for a VIP is XDP_PASS, untouched: tagged frames,
+ * ICMP and ICMPv6 (NDP: the kernel answers), IPv4 and IPv6 fragments (a
+ * non-first fragment carries no ports, so it cannot be balanced consistently
+ * with its head), IPv6 with more extension headers than the parse walks
+ * (pass_ext_headers). IP options are skipped using the IHL.
  * control/hpclb/contract/model.py is the reference for all of this.
  *
  * NAT mode (a VIP with mode LB_MODE_NAT): the stateful gateway of
@@ -36,9 +40,10 @@
  * a BPF_PROG_TEST_RUN without a context runs "on" the loopback device, and
  * the model's frames arrive on port 0). A frame leaves by XDP_TX when its
  * egress port is its ingress port, else through tx_devmap.
- * The DSR path costs what it did: one more comparison (the VIP's mode) on a
- * value already loaded. Traffic for no VIP costs one connection lookup, and
- * only while nat_active says NAT mode is in use (below).
+ * The IPv4 DSR path costs what it did (perf/packet_cost.py): one more
+ * comparison on the VIP's mode, on a value already loaded, and one on the
+ * parse's family. Traffic for no VIP costs one connection lookup, and only
+ * while nat_active says NAT mode is in use (below).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -48,10 +53,11 @@
 #include "lb_parse.h"
 #include "lb_rewrite.h"
 #include "lb_conn.h"
+#include "xdp_encap.h"
 
 /* Every VIP of either family under the contract's key: the table the daemon
- * writes and a restarted daemon adopts (xdp_tables.c). The fast path does not
- * read it today (IPv6 frames pass); IPv6 forwarding will look up here. */
+ * writes and a restarted daemon adopts (xdp_tables.c). The fast path looks
+ * IPv6 VIPs up here (IPv4 ones in vip4_map). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb_vip_key);
@@ -86,10 +92,7 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE);
 } ring_map SEC(".maps");
 
-/* IPv4 flows, under the compact 16-byte key (lb_tables.h); IPv6 flows will
- * get a flow map of their own, keyed by struct lb_flow_key, with IPv6
- * forwarding (an LRU map preallocates all its entries, so an unused one would
- * cost its memory for nothing).
+/* IPv4 flows, under the compact 16-byte key (lb_tables.h).
  * One flow table shared by all CPUs, not one per CPU: a TCP flow's packets do
  * not all arrive on one CPU (the ACK a client sends from the softirq that
  * received the backend's reply, an RSS table change, irqbalance), and a CPU
@@ -102,6 +105,23 @@ struct {
 	__type(value, struct lb_flow_entry);
 	__uint(max_entries, LB_MAX_FLOWS);
 } flow_map SEC(".maps");
+
+/* IPv6 flows, under the contract's 40-byte struct lb_flow_key (family 6),
+ * shared by all CPUs like flow_map. Sized by the daemon with the same
+ * --flow-table-size as flow_map: the family mix of a site's flows is not
+ * known in advance (a dual-stack site may move its clients from one family
+ * to the other), and each table must hold all of a site's flows when they
+ * are all of its family; a separate size would be a second knob to get
+ * wrong. The price is memory: an LRU map preallocates its entries, 120
+ * bytes each here (the kernel's element with its LRU node, the 40-byte key,
+ * the 16-byte value: memlock 125830080 bytes for 1048576 entries on kernel
+ * 6.18, against flow_map's 96), 120 MiB at the default million, used or not. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_flow_key);
+	__type(value, struct lb_flow_entry);
+	__uint(max_entries, LB_MAX_FLOWS);
+} flow6_map SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -229,17 +249,63 @@ static __always_inline __u32 pick_backend_hashed(__u32 ring_size, __u32 vip_id, 
 	return LB_NO_BACKEND;
 }
 
-/* First up backend among the probe slots of this flow, or LB_NO_BACKEND. */
+/* First up backend among the probe slots of this flow, or LB_NO_BACKEND.
+ * flow is the flow map's key: struct lb_flow_key_v4 when family is
+ * LB_FAMILY_V4, struct lb_flow_key otherwise (family is a constant at every
+ * call: the other family's hash is not compiled in). */
 static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip_id,
-					  const struct lb_flow_key_v4 *flow)
+					  const void *flow, __u8 family)
 {
 	__u32 ring_size = cfg->ring_size;
+	__u64 hash;
 
 	if (ring_size < 3)
 		return LB_NO_BACKEND;
-	/* An IPv4 flow (lb_untagged_ipv4_only): the IPv4 hash of its compact
-	 * key, the same value lb_flow_hash gives its struct lb_flow_key. */
-	return pick_backend_hashed(ring_size, vip_id, lb_flow_hash_v4_key(cfg->hash_key, flow));
+	/* IPv4: the IPv4 hash of the compact key, the same value lb_flow_hash
+	 * gives its struct lb_flow_key; IPv6: the 40-byte key's. */
+	if (family == LB_FAMILY_V4)
+		hash = lb_flow_hash_v4_key(cfg->hash_key, flow);
+	else
+		hash = lb_flow_hash_v6(cfg->hash_key, flow);
+	return pick_backend_hashed(ring_size, vip_id, hash);
+}
+
+/* The backend of a DSR or tunnel flow (steps 1 and 2 at the top of this
+ * file), its id in *backend_id; NULL when there is none (drop_no_backend).
+ * flows is flow_map (family LB_FAMILY_V4, key a struct lb_flow_key_v4) or
+ * flow6_map (struct lb_flow_key); both constants once inlined. */
+static __always_inline struct lb_backend *flow_backend(void *flows, const void *flow, __u8 family,
+						       const struct lb_config *cfg,
+						       const struct lb_vip_entry *vip,
+						       __u32 *backend_id, __u64 len)
+{
+	struct lb_flow_entry *pinned, fresh = {};
+	struct lb_backend *backend = NULL;
+	__u32 id;
+
+	pinned = bpf_map_lookup_elem(flows, flow);
+	if (pinned) {
+		id = pinned->backend;
+		backend = bpf_map_lookup_elem(&backend_map, &id);
+		if (backend_is(backend, LB_BACKEND_UP) || backend_is(backend, LB_BACKEND_DRAINING)) {
+			stat(LB_STAT_FLOW_HIT, len, 0);
+			*backend_id = id;
+			return backend;
+		}
+		stat(LB_STAT_FLOW_REPIN, len, 0);
+	}
+	id = pick_backend(cfg, vip->vip_id, flow, family);
+	backend = bpf_map_lookup_elem(&backend_map, &id);
+	if (!backend)
+		return NULL;
+	if (!pinned)
+		stat(LB_STAT_FLOW_NEW, len, 0);
+	fresh.backend = id;
+	fresh.vip_id = vip->vip_id;
+	fresh.pinned_ns = bpf_ktime_get_ns();
+	bpf_map_update_elem(flows, flow, &fresh, BPF_ANY);
+	*backend_id = id;
+	return backend;
 }
 
 /* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
@@ -266,6 +332,25 @@ static __always_inline void vip_key_v4(struct lb_vip_key_v4 *vkey,
 	vkey->port = flow->dport;
 	vkey->proto = flow->proto;
 	vkey->pad = 0;
+}
+
+/* The flow key and VIP key of an IPv6 parse that said LB_PARSE_OK, every
+ * byte written (pad included) as in flow_key_v4. */
+static __always_inline void keys_v6(struct lb_flow_key *flow, struct lb_vip_key *vkey,
+				    const struct lb_parsed *p)
+{
+	flow->saddr = p->src;
+	flow->daddr = p->dst;
+	flow->sport = p->sport;
+	flow->dport = p->dport;
+	flow->proto = p->proto;
+	flow->family = LB_FAMILY_V6;
+	flow->pad[0] = 0;
+	flow->pad[1] = 0;
+	vkey->addr = p->dst;
+	vkey->port = p->dport;
+	vkey->proto = p->proto;
+	vkey->family = LB_FAMILY_V6;
 }
 
 /* ---- NAT mode (lb_conn.h) ------------------------------------------------ */
@@ -649,74 +734,18 @@ static __always_inline int nat_icmp(const struct xdp_md *ctx, void *data, void *
 	return nat_send(in_port, data, data_end, &out, len);
 }
 
-SEC("xdp")
-int lb_xdp(struct xdp_md *ctx)
+/* Step 3 at the top of this file: send the frame of a DSR or tunnel flow
+ * to backend (id backend_id) of vip, counted under fwd_* (or a drop) and the
+ * VIP's and backend's counters; len is the frame's length as it came (the
+ * bytes counted, encapsulated or not, as rx counts them). */
+static __always_inline int forward(struct xdp_md *ctx, void *data, void *data_end,
+				   const struct lb_parsed *p, struct lb_vip_entry *vip,
+				   const struct lb_backend *backend, __u32 backend_id, __u64 len)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u64 len = (__u64)(data_end - data);
-	struct lb_parsed pkt;
-	struct lb_vip_key_v4 vkey;
-	struct lb_flow_key_v4 flow;
-	struct lb_flow_entry *pinned, fresh = {};
-	struct lb_vip_entry *vip;
-	struct lb_backend *backend = NULL;
-	struct lb_config *cfg;
 	struct lb_port *port;
-	__u32 zero = 0, backend_id = LB_NO_BACKEND, port_idx;
+	__u32 port_idx = backend->port;
 	long verdict;
 
-	stat(LB_STAT_RX, len, 0);
-	switch (lb_parse_untagged_ipv4(&pkt, data, data_end)) {
-	case LB_PARSE_OK:
-		break;
-	case LB_PARSE_NOT_IP:
-		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
-	case LB_PARSE_UNSUPPORTED_L4:
-		if (nat_active && pkt.proto == LB_IPPROTO_ICMP)
-			return nat_icmp(ctx, data, data_end, &pkt, len);
-		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
-	case LB_PARSE_FRAGMENT:
-		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
-	default: /* LB_PARSE_MALFORMED (LB_PARSE_EXT_TOO_LONG is IPv6's: not here) */
-		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
-	}
-	flow_key_v4(&flow, &pkt);
-	vip_key_v4(&vkey, &flow);
-	vip = bpf_map_lookup_elem(&vip4_map, &vkey);
-	if (!vip && !nat_active)
-		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
-	if (!vip || vip->mode == LB_MODE_NAT)
-		return nat_frame(ctx, data, data_end, &pkt, &flow, vip, len);
-	cfg = bpf_map_lookup_elem(&config_map, &zero);
-	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
-		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
-
-	pinned = bpf_map_lookup_elem(&flow_map, &flow);
-	if (pinned) {
-		backend_id = pinned->backend;
-		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
-		if (backend_is(backend, LB_BACKEND_UP) || backend_is(backend, LB_BACKEND_DRAINING)) {
-			stat(LB_STAT_FLOW_HIT, len, 0);
-		} else {
-			stat(LB_STAT_FLOW_REPIN, len, 0);
-			backend = NULL;
-		}
-	}
-	if (!backend) {
-		backend_id = pick_backend(cfg, vip->vip_id, &flow);
-		backend = bpf_map_lookup_elem(&backend_map, &backend_id);
-		if (!backend)
-			return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
-		if (!pinned)
-			stat(LB_STAT_FLOW_NEW, len, 0);
-		fresh.backend = backend_id;
-		fresh.vip_id = vip->vip_id;
-		fresh.pinned_ns = bpf_ktime_get_ns();
-		bpf_map_update_elem(&flow_map, &flow, &fresh, BPF_ANY);
-	}
-
-	port_idx = backend->port;
 	port = bpf_map_lookup_elem(&port_map, &port_idx);
 	if (!port || port->ifindex == 0)
 		return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
@@ -734,8 +763,15 @@ int lb_xdp(struct xdp_md *ctx)
 		if (!port)
 			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
 	}
-	if (lb_rewrite_macs(data, data_end, backend->mac, port->mac))
+	if (vip->mode == LB_MODE_TUNNEL) {
+		/* data and data_end die here (the frame moves): nothing below
+		 * reads them. */
+		if (xdp_encap(ctx, p, vip, backend, port->mac))
+			return stat(LB_STAT_DROP_ENCAP, len, XDP_DROP);
+		stat(LB_STAT_TUNNEL_ENCAP, len, 0);
+	} else if (lb_rewrite_macs(data, data_end, backend->mac, port->mac)) {
 		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP); /* cannot happen: parsed */
+	}
 	if (port_idx == 0) {
 		verdict = XDP_TX;
 		stat(LB_STAT_FWD_TX, len, 0);
@@ -747,9 +783,89 @@ int lb_xdp(struct xdp_md *ctx)
 			return stat(LB_STAT_DROP_TX_ERROR, len, XDP_DROP);
 		stat(LB_STAT_FWD_REDIRECT, len, 0);
 	}
+	/* vip_id straight from the map value: a key may be any readable
+	 * memory, and a copy on the stack would cost a store. */
 	count(bpf_map_lookup_elem(&vip_stats_map, &vip->vip_id), len);
 	count(bpf_map_lookup_elem(&backend_stats_map, &backend_id), len);
 	return verdict;
+}
+
+/* An IPv6 TCP/UDP packet (the parse said LB_PARSE_OK): balanced like IPv4 in
+ * DSR and tunnel modes, its flow in flow6_map. NAT mode is IPv4 only (the
+ * server refuses an IPv6 NAT VIP): a NAT entry here, which only a map
+ * written by hand could hold, is treated as no VIP. */
+static __always_inline int balance_v6(struct xdp_md *ctx, void *data, void *data_end,
+				      const struct lb_parsed *p, __u64 len)
+{
+	struct lb_flow_key flow;
+	struct lb_vip_key vkey;
+	struct lb_vip_entry *vip;
+	struct lb_backend *backend;
+	struct lb_config *cfg;
+	__u32 zero = 0, backend_id = LB_NO_BACKEND;
+
+	keys_v6(&flow, &vkey, p);
+	vip = bpf_map_lookup_elem(&vip_map, &vkey);
+	if (!vip || vip->mode == LB_MODE_NAT)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&config_map, &zero);
+	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+	backend = flow_backend(&flow6_map, &flow, LB_FAMILY_V6, cfg, vip, &backend_id, len);
+	if (!backend)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+	return forward(ctx, data, data_end, p, vip, backend, backend_id, len);
+}
+
+SEC("xdp")
+int lb_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u64 len = (__u64)(data_end - data);
+	struct lb_parsed pkt;
+	struct lb_vip_key_v4 vkey;
+	struct lb_flow_key_v4 flow;
+	struct lb_vip_entry *vip;
+	struct lb_backend *backend;
+	struct lb_config *cfg;
+	__u32 zero = 0, backend_id = LB_NO_BACKEND;
+
+	stat(LB_STAT_RX, len, 0);
+	switch (lb_parse_untagged(&pkt, data, data_end)) {
+	case LB_PARSE_OK:
+		break;
+	case LB_PARSE_NOT_IP:
+		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
+	case LB_PARSE_UNSUPPORTED_L4:
+		/* ICMP (NAT mode's errors) is IPv4's; ICMPv6, NDP included, is
+		 * the kernel's. */
+		if (nat_active && pkt.proto == LB_IPPROTO_ICMP && pkt.family == LB_FAMILY_V4)
+			return nat_icmp(ctx, data, data_end, &pkt, len);
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	case LB_PARSE_FRAGMENT:
+		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
+	case LB_PARSE_EXT_TOO_LONG:
+		return stat(LB_STAT_PASS_EXT_HEADERS, len, XDP_PASS);
+	default: /* LB_PARSE_MALFORMED */
+		return stat(LB_STAT_DROP_MALFORMED, len, XDP_DROP);
+	}
+	if (pkt.family == LB_FAMILY_V6)
+		return balance_v6(ctx, data, data_end, &pkt, len);
+	flow_key_v4(&flow, &pkt);
+	vip_key_v4(&vkey, &flow);
+	vip = bpf_map_lookup_elem(&vip4_map, &vkey);
+	if (!vip && !nat_active)
+		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	if (!vip || vip->mode == LB_MODE_NAT)
+		return nat_frame(ctx, data, data_end, &pkt, &flow, vip, len);
+	cfg = bpf_map_lookup_elem(&config_map, &zero);
+	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+	backend = flow_backend(&flow_map, &flow, LB_FAMILY_V4, cfg, vip, &backend_id, len);
+	if (!backend)
+		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
+	return forward(ctx, data, data_end, &pkt, vip, backend, backend_id, len);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

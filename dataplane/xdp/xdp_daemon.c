@@ -13,6 +13,10 @@
  * connection table, its FIFO and the NAT configuration too, so that no
  * connection breaks either. A connection table pinned with another size
  * (--conn-table-size changed) is replaced alone, the other tables adopted.
+ * Pins of another layout (a daemon of an older table contract: VIP entries
+ * of 28 bytes before tunnel mode's fields, no flow6_map before IPv6
+ * forwarding) are stale as a whole: removed, and fresh maps made and pinned
+ * (the control plane pushes its tables again; the flows are re-hashed).
  *
  * The program is attached to every port (--iface and each --egress): in NAT
  * mode the backends' replies arrive on the port they are behind. Frames for
@@ -102,7 +106,7 @@ static void usage(FILE *f)
 		"       [--xdp-mode auto|native|generic] [--pin-dir DIR] [--no-attach]\n"
 		"       [--log-level error|warn|info|debug]\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
-		"--flow-table-size %u,\n"
+		"--flow-table-size %u (entries of each of the IPv4 and IPv6 flow tables),\n"
 		"          --conn-table-size %u (even, %u..%u), --xdp-mode auto,\n"
 		"          --pin-dir /sys/fs/bpf/hpclb/<iface>\n",
 		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS, LB_CONN_TABLE_DEFAULT, LB_CONN_TABLE_MIN,
@@ -471,6 +475,8 @@ static struct lb_bpf *open_skel(const struct opts *o)
 	err = bpf_map__set_max_entries(skel->maps.ring_map, LB_MAX_VIPS * o->common.ring_size);
 	if (!err)
 		err = bpf_map__set_max_entries(skel->maps.flow_map, o->flow_table_size);
+	if (!err) /* one size for both families (lb.bpf.c says why) */
+		err = bpf_map__set_max_entries(skel->maps.flow6_map, o->flow_table_size);
 	if (!err)
 		err = bpf_map__set_max_entries(skel->maps.conn_map, o->conn_table_size);
 	if (!err) /* lb_conn.h: "a FIFO of the table's size" */
@@ -574,7 +580,7 @@ static const char *attach_mode_name(const struct attachment *a)
 /* ---- main -------------------------------------------------------------- */
 
 static const char *const capabilities[] = { "dsr", "patch_ring", "xdp_tx", "redirect", "nat",
-					    NULL };
+					    "tunnel", NULL };
 
 /* Server around the tables of pinned maps that outlived a previous daemon. */
 static struct lb_proto_server *adopt_tables(struct xdp_tables *t, const struct lb_proto_info *info,
@@ -624,7 +630,7 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 	if (!srv)
 		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 	else
-		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow table %u, connection "
+		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow tables %u each, connection "
 		       "table %u)", o->common.ring_size, o->flow_table_size, o->conn_table_size);
 	return srv;
 }
@@ -729,6 +735,7 @@ int main(int argc, char **argv)
 	info.dataplane = "xdp";
 	info.attach_mode = "none";
 	info.capabilities = capabilities;
+	info.tunnel = true; /* lb.bpf.c encapsulates (xdp_encap.h) */
 	info.conn_table_size = o.conn_table_size;
 	info.nports = 1 + (__u32)o.negress;
 	if (lb_get_port(o.iface, &info.ports[0]))

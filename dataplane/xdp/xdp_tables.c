@@ -16,8 +16,10 @@
  *
  * VIPs live in two maps. vip_map holds every VIP of either family under the
  * contract's key (struct lb_vip_key, 20 bytes): it is the table a restarted
- * daemon adopts. The program looks IPv4 VIPs up in vip4_map, keyed by the
- * compact struct lb_vip_key_v4 (8 bytes; lb_tables.h says why): an IPv4 VIP
+ * daemon adopts, and the one the program looks IPv6 VIPs up in. The program
+ * looks IPv4 VIPs up in vip4_map, keyed by the compact struct
+ * lb_vip_key_v4 (8 bytes; lb_tables.h says why). Both hold the contract's
+ * whole 32-byte struct lb_vip_entry, tunnel mode's fields included. An IPv4 VIP
  * is written into vip_map first and vip4_map second, and deleted in the
  * opposite order, so vip4_map never names a VIP vip_map lacks for longer
  * than a call.
@@ -478,13 +480,8 @@ static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
 	for (int id = 0; id < LB_MAX_VIPS; id++) {
 		if (!st->vips[id].used || !vip4_key(&st->vips[id].key, &k4))
 			continue;
-		memset(&e, 0, sizeof(e));
-		e.vip_id = (__u32)id;
-		e.mode = st->vips[id].mode;
-		e.nat_port = st->vips[id].nat_port;
-		e.tunnel_family = st->vips[id].tunnel_family;
-		e.tunnel_src = st->vips[id].tunnel_src;
-		e.nat_flags = st->vips[id].nat_flags;
+		/* Every field (tunnel mode's too), as set_vip writes it. */
+		lb_proto_vip_entry(&st->vips[id], (__u32)id, &e);
 		err = bpf_map_update_elem(t->vip4_fd, &k4, &e, BPF_ANY);
 		if (err)
 			return err;
@@ -547,11 +544,9 @@ int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)
 		if (i == LB_MAX_VIPS || e.vip_id >= LB_MAX_VIPS || st->vips[e.vip_id].used)
 			goto fail;
 		st->vips[e.vip_id].used = true;
-		st->vips[e.vip_id].mode = e.mode;
-		st->vips[e.vip_id].nat_port = e.nat_port;
-		st->vips[e.vip_id].tunnel_family = e.tunnel_family;
-		st->vips[e.vip_id].tunnel_src = e.tunnel_src;
-		st->vips[e.vip_id].nat_flags = e.nat_flags;
+		/* Every field of the entry (tunnel mode's too): the server
+		 * checks them (lb_proto_server_restore) before adopting. */
+		lb_proto_vip_from_entry(&e, &st->vips[e.vip_id]);
 		st->vips[e.vip_id].key = key;
 		st->rings[e.vip_id] = malloc((size_t)t->ring_size * sizeof(__u32));
 		err = -ENOMEM;

@@ -102,6 +102,34 @@ def nat_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     h.check_counters()
 
 
+def _require_tunnel(target: Target) -> None:
+    """Tunnel cases need the hello's "tunnel" capability. A plane without it
+    refuses mode 2 (set_vip): the case skips, saying so, except in CI, where
+    both planes must run them."""
+    if target.tunnel:
+        return
+    reason = (f"the {target.name} data plane's hello lacks the 'tunnel' capability: "
+              "tunnel mode cases skipped")
+    print(reason)
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the {target.name} tunnel conformance cases: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(params=["model", "xdp", "dpdk"])
+def tunnel_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """A harness on the session's data plane, which must serve tunnel mode."""
+    target: Target | None = None
+    port_macs = MODEL_PORT_MACS
+    if request.param in ("xdp", "dpdk"):
+        target = request.getfixturevalue(f"{request.param}_target")
+        _require_tunnel(target)
+        port_macs = target.port_macs
+    h = Harness(target, port_macs, conn_capacity=_capacity(target))
+    yield h
+    h.check_counters()
+
+
 @pytest.fixture(params=["model", "xdp", "dpdk"])
 def small_nat_harness(request: pytest.FixtureRequest,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
@@ -120,3 +148,10 @@ def small_nat_harness(request: pytest.FixtureRequest,
         h.check_counters()
     finally:
         started.close()  # the plane goes with the case
+
+
+@pytest.fixture(params=[4, 6], ids=["v4", "v6"])
+def family(request: pytest.FixtureRequest) -> int:
+    """The IP version of a family-neutral case: 4 runs it as written, 6 its
+    IPv6 twin (every address through harness.v6)."""
+    return int(request.param)

@@ -3,6 +3,7 @@ test, and both must do the same thing to it, byte for byte."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 from collections import Counter
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
 from hpclb.balancing import maglev
@@ -23,6 +25,7 @@ from hpclb.contract.tables import (
     STAT_NAMES,
     Backend,
     BackendState,
+    Encap,
     NatConfig,
     NatDown,
     TableSet,
@@ -59,21 +62,41 @@ def ring(weights: dict[int, float]) -> np.ndarray:
 CONFORMANCE_TIMEOUTS_S = (86400,) * len(CONN_STATE_NAMES)
 
 
+def v6(addr: str) -> str:
+    """The IPv6 twin of one of the suite's IPv4 addresses: 198.B.C.D ->
+    fd00:B:C::D (a ULA, the digits kept as they read), so that an IPv6 case
+    uses the same numbers as its IPv4 original."""
+    a, b, c, d = addr.split(".")
+    assert a == "198", addr
+    return f"fd00:{b}:{c}::{d}"
+
+
+def addr_of(family: int, addr: str) -> str:
+    """``addr`` (an IPv4 address of the suite) in ``family``."""
+    return addr if family == 4 else v6(addr)
+
+
 def base_tables(weights: dict[int, float] | None = None,
-                states: dict[int, BackendState] | None = None) -> TableSet:
+                states: dict[int, BackendState] | None = None, family: int = 4) -> TableSet:
     """Three one-arm backends behind a TCP and a UDP VIP; a fourth, two-arm,
-    backend (egress port 1) alone behind a second address."""
+    backend (egress port 1) alone behind a second address. ``family`` 6:
+    the same VIP ids, backend ids and rings, every address its v6 twin
+    (VIPs fd00:18:1::10 and ::11, backends fd00:18:0::10..13)."""
     weights = weights or {0: 1.0, 1: 1.0, 2: 1.0}
     states = states or {}
     t = TableSet(hash_key=HASH_KEY, ring_size=RING_SIZE,
                  nat=NatConfig(timeouts_s=CONFORMANCE_TIMEOUTS_S))
     for bid, mac in BACKEND_MACS.items():
         t.backends[bid] = Backend(
-            bid, ipaddress.IPv4Address(f"198.18.0.{10 + bid}"), mac,
+            bid, ipaddress.ip_address(addr_of(family, f"198.18.0.{10 + bid}")), mac,
             states.get(bid, BackendState.UP), port=1 if bid == 3 else 0,
         )
     shared = ring(weights)
-    t.vips = {0: VIP_TCP, 1: VIP_UDP, 2: VIP_TWO_ARM}
+    vips = (VIP_TCP, VIP_UDP, VIP_TWO_ARM)
+    if family == 6:
+        vips = tuple(dataclasses.replace(vip, addr=ipaddress.IPv6Address(v6(str(vip.addr))))
+                     for vip in vips)
+    t.vips = {vip.vip_id: vip for vip in vips}
     t.rings = {0: shared, 1: shared, 2: ring({3: 1.0})}
     return t
 
@@ -84,8 +107,8 @@ BACKEND6_MACS = {4: "02:bb:00:00:00:14", 5: "02:bb:00:00:00:15"}
 
 
 def dual_tables(weights: dict[int, float] | None = None) -> TableSet:
-    """base_tables plus an IPv6 TCP and UDP VIP on IPv6 backends 4 and 5
-    (table protocol 2 holds them; the fast paths do not forward IPv6 yet)."""
+    """base_tables plus an IPv6 TCP and UDP VIP (fd00:18::10) on IPv6
+    backends 4 and 5: both families side by side in one table set."""
     t = base_tables(weights)
     for bid, mac in BACKEND6_MACS.items():
         t.backends[bid] = Backend(bid, ipaddress.IPv6Address(f"fd00:18::{bid}"), mac)
@@ -144,19 +167,112 @@ def nat_tables(pool: tuple[str, ...] = ("198.18.3.1",), port_range: tuple[int, i
     return t
 
 
-def tcp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 80, **ip: object) -> bytes:
-    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst, **ip)
+def ip_layer(src: str, dst: str | None, **ip: object) -> IP | IPv6:
+    """IPv4 or IPv6 by ``src``'s family; ``dst`` None: the TCP/UDP VIP of
+    that family (198.18.1.10 or its twin)."""
+    if ":" in src:
+        return IPv6(src=src, dst=dst or v6("198.18.1.10"), **ip)
+    return IP(src=src, dst=dst or "198.18.1.10", **ip)
+
+
+def tcp(src: str, sport: int, dst: str | None = None, dport: int = 80, **ip: object) -> bytes:
+    """A TCP SYN from ``src`` (IPv4 or IPv6) to ``dst``."""
+    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / ip_layer(src, dst, **ip)
                  / TCP(sport=sport, dport=dport, flags="S"))
 
 
-def udp(src: str, sport: int, dst: str = "198.18.1.10", dport: int = 53) -> bytes:
-    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / IP(src=src, dst=dst)
+def udp(src: str, sport: int, dst: str | None = None, dport: int = 53, **ip: object) -> bytes:
+    """A UDP query from ``src`` (IPv4 or IPv6) to ``dst``."""
+    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / ip_layer(src, dst, **ip)
                  / UDP(sport=sport, dport=dport) / b"query")
+
+
+# ---- tunnel mode ------------------------------------------------------------
+# Backends in other networks, behind routers: the backend table holds the
+# next hop's MAC (one router for the IPv4 backends, one for the IPv6 ones).
+# 20..22 IPv4, each in a network of its own (10.20.0.1, 10.21.0.2,
+# 10.22.0.3), 23 IPv4 behind port 1 (10.23.0.4); 24..26 IPv6 (fd00:20::1..3).
+# The tunnel sources: 10.1.0.0 and fd00:1::ab00, 8 bits of each the flow's.
+ROUTER4_MAC = "02:cc:00:00:00:04"
+ROUTER6_MAC = "02:cc:00:00:00:06"
+TUNNEL_SRC4 = ipaddress.IPv4Address("10.1.0.0")
+TUNNEL_SRC6 = ipaddress.IPv6Address("fd00:1::ab00")
+GUE_PORT = 6080
+GUE_PORT_6 = 6081
+TUNNEL_BACKENDS4 = (20, 21, 22)
+TUNNEL_BACKENDS6 = (24, 25, 26)
+
+
+def _tunnel_vip(vip_id: int, addr: str, port: int, proto: int, src: ipaddress.IPv4Address
+                | ipaddress.IPv6Address, gue: int = 0, bits: int = 8) -> Vip:
+    return Vip(vip_id, ipaddress.ip_address(addr), port, proto, VipMode.TUNNEL,
+               tunnel_src=src, tunnel_encap=Encap.GUE if gue else Encap.IPIP, gue_port=gue,
+               tunnel_src_bits=bits)
+
+
+#: The pairs: name -> the VIP (inner family = the VIP's, outer = tunnel_src's).
+TUNNEL_VIPS = {
+    "4in4": _tunnel_vip(11, "198.18.5.10", 80, IPPROTO_TCP, TUNNEL_SRC4),
+    "4in4-gue": _tunnel_vip(12, "198.18.5.10", 53, IPPROTO_UDP, TUNNEL_SRC4, GUE_PORT),
+    "4in6": _tunnel_vip(13, "198.18.5.11", 80, IPPROTO_TCP, TUNNEL_SRC6),
+    "4in6-gue": _tunnel_vip(14, "198.18.5.11", 53, IPPROTO_UDP, TUNNEL_SRC6, GUE_PORT_6),
+    "6in6": _tunnel_vip(15, v6("198.18.5.10"), 80, IPPROTO_TCP, TUNNEL_SRC6),
+    "6in6-gue": _tunnel_vip(16, v6("198.18.5.10"), 53, IPPROTO_UDP, TUNNEL_SRC6, GUE_PORT),
+    # Refused pairs (drop_encap): a tunnel source of another family than
+    # the backends' (IPv4 backends, an IPv6 source), for inner IPv6 (what
+    # 6-in-4 becomes in the tables: the protocol refuses an IPv6 VIP an
+    # IPv4 tunnel source, VIP_6IN4) and inner IPv4.
+    "6in6-backends4": _tunnel_vip(17, v6("198.18.5.11"), 80, IPPROTO_TCP, TUNNEL_SRC6),
+    "4in6-backends4": _tunnel_vip(18, "198.18.5.12", 80, IPPROTO_TCP, TUNNEL_SRC6),
+    # The whole outer source fixed (bits 0), or its last 16 bits all the flow's.
+    "4in4-bits0": _tunnel_vip(19, "198.18.5.13", 80, IPPROTO_TCP, TUNNEL_SRC4, bits=0),
+    "6in6-bits16": _tunnel_vip(20, v6("198.18.5.13"), 80, IPPROTO_TCP, TUNNEL_SRC6, bits=16),
+    # A two-arm backend (egress port 1).
+    "4in4-two-arm": _tunnel_vip(21, "198.18.5.14", 80, IPPROTO_TCP, TUNNEL_SRC4),
+}
+
+
+#: IPv6 inside IPv4: refused by the table protocol (set_vip), and by
+#: lb_encap_prepare were it there.
+VIP_6IN4 = _tunnel_vip(22, v6("198.18.5.15"), 80, IPPROTO_TCP, TUNNEL_SRC4)
+
+
+def tunnel_tables(weights4: dict[int, float] | None = None,
+                  weights6: dict[int, float] | None = None,
+                  states: dict[int, BackendState] | None = None) -> TableSet:
+    """base_tables plus TUNNEL_VIPS: those with an IPv4 tunnel source on
+    backends 20..22 (``weights4``), those with an IPv6 one on 24..26
+    (``weights6``), "4in4-two-arm" on 23, the "-backends4" ones on
+    20..22 (``weights4``)."""
+    states = states or {}
+    t = base_tables()
+    for bid in (20, 21, 22, 23):
+        t.backends[bid] = Backend(bid, ipaddress.IPv4Address(f"10.{bid}.0.{bid - 19}"),
+                                  ROUTER4_MAC, states.get(bid, BackendState.UP),
+                                  port=1 if bid == 23 else 0)
+    for bid in TUNNEL_BACKENDS6:
+        t.backends[bid] = Backend(bid, ipaddress.IPv6Address(f"fd00:20::{bid - 23}"),
+                                  ROUTER6_MAC, states.get(bid, BackendState.UP))
+    ring4 = ring(weights4 or dict.fromkeys(TUNNEL_BACKENDS4, 1.0))
+    ring6 = ring(weights6 or dict.fromkeys(TUNNEL_BACKENDS6, 1.0))
+    for name, vip in TUNNEL_VIPS.items():
+        t.vips[vip.vip_id] = vip
+        if name == "4in4-two-arm":
+            t.rings[vip.vip_id] = ring({23: 1.0})
+        elif name.endswith("-backends4"):
+            t.rings[vip.vip_id] = ring4  # IPv4 backends, an IPv6 source
+        else:
+            t.rings[vip.vip_id] = ring4 if vip.tunnel_src == TUNNEL_SRC4 else ring6
+    return t
 
 
 # The NAT counters a frame moves besides its verdict's (lb_tables.h): the
 # model counts them too, and every case compares them with the data plane's.
 NAT_EVENTS = (*(name for name in STAT_NAMES if name.startswith("conn_")), "nat_icmp")
+#: Every event counter compared (tunnel mode's with NAT mode's).
+EVENTS = (*NAT_EVENTS, "tunnel_encap")
+#: The verdict counters compared: forwarded, passed, dropped, answered.
+REASON_PREFIXES = ("fwd_", "pass_", "drop_", "arp_", "ndp_")
 
 
 def _conn_figures(conns: dict[str, Any]) -> dict[str, int]:
@@ -221,7 +337,7 @@ class Harness:
         action, out = self.target.run(frame, in_port)
         assert (action, out.hex()) == (verdict.action, verdict.frame.hex()), (
             f"{self.target.name} disagrees with the model ({verdict.reason}, "
-            f"{'+'.join(verdict.events) or 'no NAT event'})"
+            f"{'+'.join(verdict.events) or 'no event'})"
         )
         return verdict
 
@@ -247,11 +363,11 @@ class Harness:
             return  # nothing was sent (the case skipped before loading tables)
         end = self.target.counters()
         for reason in STAT_NAMES:
-            if reason.startswith(("fwd_", "pass_", "drop_")):
+            if reason.startswith(REASON_PREFIXES):
                 got = end.get(reason, 0) - self._start_counters.get(reason, 0)
                 n = self.reasons.get(reason, 0)
                 assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"
-            elif reason in NAT_EVENTS:
+            elif reason in EVENTS:
                 got = end.get(reason, 0) - self._start_counters.get(reason, 0)
                 n = self.events.get(reason, 0)
                 assert got == n, f"{self.target.name} counted {got} {reason}, model {n}"

@@ -20,7 +20,8 @@ target writes it into that port's wire end (in1 or out1).
 
 NAT mode (``nat``: the hello's "nat" capability) needs a connection table
 (``conn_table_size``, entries) and the NAT settings (``set_nat``), pushed
-with the tables.
+with the tables. Tunnel VIPs need the hello's "tunnel" capability
+(``tunnel``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import os
 import select
 import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -58,6 +60,10 @@ class Target(Protocol):
     nat: bool
     #: The hello's conn_table_size (entries; 0 without NAT mode).
     conn_table_size: int
+    #: The hello's "tunnel" capability: tunnel VIPs (mode 2).
+    tunnel: bool
+    #: The data plane's table-protocol client (for cases about a refusal).
+    client: DataplaneClient
 
     def load(self, current: TableSet | None, desired: TableSet) -> None: ...
 
@@ -88,6 +94,10 @@ def _push(client: DataplaneClient, nat: bool, current: TableSet | None,
 
 def _hello_nat(hello: dict[str, Any]) -> tuple[bool, int]:
     return "nat" in hello.get("capabilities", ()), int(hello.get("conn_table_size", 0))
+
+
+def _hello_tunnel(hello: dict[str, Any]) -> bool:
+    return "tunnel" in hello.get("capabilities", ())
 
 
 def _conns(client: DataplaneClient) -> dict[str, Any]:
@@ -139,6 +149,7 @@ class XdpTarget:
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
             self.ifindexes = [int(p["ifindex"]) for p in hello["ports"]]
             self.nat, self.conn_table_size = _hello_nat(hello)
+            self.tunnel = _hello_tunnel(hello)
             self.prog = PinnedXdpProgram(f"{self.pin_dir}/lb_xdp")
             self._affinity = os.sched_getaffinity(0)
         except BaseException:
@@ -185,9 +196,34 @@ class XdpTarget:
 
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
+# The kernel takes a received frame's 802.1Q tag out of its bytes (VLAN
+# acceleration) and reports it in struct tpacket_auxdata: a frame is
+# compared as it was on the wire, the tag put back.
+SOL_PACKET = 263
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 1 << 4
+TP_STATUS_VLAN_TPID_VALID = 1 << 6
+_AUXDATA = struct.Struct("=IIIHHHH")  # status, len, snaplen, mac, net, vlan_tci, vlan_tpid
 FRAME_TIMEOUT_S = 3.0
 # Which port's far end a frame comes out of, by the counter that moved.
-_ACTIONS = {"fwd_tx": "tx", "arp_reply": "tx", "fwd_redirect": "redirect"}
+_ACTIONS = {"fwd_tx": "tx", "arp_reply": "tx", "ndp_reply": "tx", "fwd_redirect": "redirect"}
+#: The counters of a frame's verdict (exactly one moves per frame; events
+#: such as tunnel_encap or conn_new move beside it).
+_VERDICTS = ("fwd_", "pass_", "drop_", "arp_", "ndp_")
+
+
+def _with_vlan_tag(data: bytes, ancillary: list[tuple[int, int, bytes]]) -> bytes:
+    """The frame as it was on the wire: the 802.1Q tag the kernel took out
+    (PACKET_AUXDATA) put back after the MACs."""
+    for level, kind, raw in ancillary:
+        if level != SOL_PACKET or kind != PACKET_AUXDATA or len(raw) < _AUXDATA.size:
+            continue
+        status, _, _, _, _, tci, tpid = _AUXDATA.unpack_from(raw)
+        if status & TP_STATUS_VLAN_VALID:
+            if not status & TP_STATUS_VLAN_TPID_VALID:
+                tpid = 0x8100
+            return data[:12] + struct.pack("!HH", tpid, tci) + data[12:]
+    return data
 
 
 class DpdkTarget:
@@ -241,10 +277,12 @@ class DpdkTarget:
             hello = self.client.hello()
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
             self.nat, self.conn_table_size = _hello_nat(hello)
+            self.tunnel = _hello_tunnel(hello)
             with netns.inside(self.netns):
                 for ifname in (*self.WIRE, *self.EXCEPTION):
                     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
                     s.bind((ifname, 0))
+                    s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
                     s.setblocking(False)
                     self._socks[ifname] = s
             self._last = self.counters()
@@ -266,9 +304,9 @@ class DpdkTarget:
         while (left := deadline - time.monotonic()) > 0:
             if not select.select([s], [], [], left)[0]:
                 break
-            data, addr = s.recvfrom(65536)
+            data, ancillary, _, addr = s.recvmsg(65536, socket.CMSG_SPACE(_AUXDATA.size))
             if addr[2] != PACKET_OUTGOING:
-                return data
+                return _with_vlan_tag(data, ancillary)
         raise AssertionError(f"{self.name}: counted a frame out of {ifname}, none arrived")
 
     def run(self, frame: bytes, in_port: int = 0) -> tuple[str, bytes]:
@@ -282,7 +320,7 @@ class DpdkTarget:
             # rx is counted before the verdict: wait for both.
             now = self.counters()
             moved = [k for k in now if now[k] != before.get(k, 0)
-                     and k.startswith(("fwd_", "pass_", "drop_", "arp_"))]
+                     and k.startswith(_VERDICTS)]
             if moved:
                 break
             if time.monotonic() > deadline:

@@ -19,12 +19,14 @@ address of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 
+import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_NOP
-from scapy.layers.inet6 import IPv6
-from scapy.layers.l2 import ARP, Ether
+from scapy.layers.inet6 import ICMPv6EchoRequest, IPv6, IPv6ExtHdrFragment
+from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Packet, Raw
 
 from hpclb.contract.flowhash import flow_hash
@@ -38,8 +40,10 @@ from hpclb.contract.tables import (
     TableSet,
     Vip,
 )
+from hpclb.dataplane.client import DataplaneError
 
 from .harness import (
+    BACKEND6_MACS,
     BACKEND_MACS,
     CLIENT_MAC,
     HASH_KEY,
@@ -51,10 +55,11 @@ from .harness import (
     VIP_SNAT_TCP,
     VIP_SNAT_UDP,
     Harness,
-    base_tables,
+    dual_tables,
     nat_tables,
     tcp,
     udp,
+    v6,
 )
 
 ROUTER = "198.18.0.1"
@@ -492,10 +497,21 @@ def test_non_vip_traffic_passes_in_nat_mode(nat_harness: Harness) -> None:
             bytes(eth / IP(src="198.19.111.1", dst="198.18.2.10", frag=8, proto=6)
                   / (b"y" * 64)),
         ],
+        # IPv6 next to NAT VIPs (NAT mode is IPv4 only): to the NAT VIPs'
+        # twin addresses and ports, no VIP's.
         "pass_not_ipv4": [
-            bytes(eth / IPv6(src="fd00:19::1", dst="fd00:18::10") / TCP(dport=80)),
+            bytes(eth / Dot1Q(vlan=7) / IP(src="198.19.111.1", dst="198.18.2.10")
+                  / TCP(sport=51003, dport=80)),
         ],
     }
+    frames["pass_not_vip"] += [
+        bytes(eth / IPv6(src=v6("198.19.111.1"), dst=v6("198.18.2.10")) / TCP(dport=80)),
+        bytes(eth / IPv6(src=v6("198.19.111.1"), dst=v6("198.18.2.11")) / UDP(dport=53)),
+        bytes(eth / IPv6(src=v6("198.19.111.1"), dst=v6("198.18.2.10")) / ICMPv6EchoRequest()),
+    ]
+    frames["pass_fragment"].append(
+        bytes(eth / IPv6(src=v6("198.19.111.1"), dst=v6("198.18.2.10"))
+              / IPv6ExtHdrFragment(m=1) / TCP(sport=51004, dport=80) / (b"x" * 64)))
     for reason, group in frames.items():
         for frame in group:
             for port in (0, 1):
@@ -524,25 +540,63 @@ def test_original_direction_after_its_vip_went_away(nat_harness: Harness) -> Non
     assert c.orig("PA", b"back").events == ("conn_hit",)
 
 
+def _nat_and_dual_tables() -> TableSet:
+    """nat_tables plus dual_tables' IPv6 DSR VIPs and backends."""
+    t, dual = nat_tables(), dual_tables()
+    t.backends = {**dual.backends, **t.backends}
+    t.vips = {**dual.vips, **t.vips}
+    t.rings = {**dual.rings, **t.rings}
+    return t
+
+
 def test_dsr_unchanged_next_to_nat(nat_harness: Harness) -> None:
-    """DSR VIPs in the same tables as NAT VIPs: the same backends as without
-    them, only the MACs rewritten, no connection."""
+    """DSR VIPs of both families in the same tables as NAT VIPs: the same
+    backends as without them, only the MACs rewritten, no connection."""
     h = nat_harness
     flows = [tcp(f"198.19.113.{1 + i % 100}", 53000 + i) for i in range(60)]
     flows += [udp(f"198.19.113.{1 + i}", 53500 + i) for i in range(20)]
     flows += [tcp("198.19.113.200", 53900, dst="198.18.1.11")]  # the two-arm DSR VIP
+    flows += [tcp(f"fd00:19:113::{1 + i % 50}", 53000 + i, dst="fd00:18::10")
+              for i in range(30)]
+    flows += [udp("fd00:19:113::200", 53500 + i, dst="fd00:18::10") for i in range(10)]
     alone = Harness(None, h.port_macs)
-    alone.load(base_tables())
+    alone.load(dual_tables())
     expected = [alone.send(f) for f in flows]
-    h.load(nat_tables())
+    h.load(_nat_and_dual_tables())
+    macs = {**BACKEND_MACS, **BACKEND6_MACS}
     for frame, before in zip(flows, expected, strict=True):
         v = h.send(frame)
         assert (v.action, v.reason, v.backend_id, v.frame, v.events) == (
             before.action, before.reason, before.backend_id, before.frame, ())
         assert v.frame[12:] == frame[12:]
         assert v.backend_id is not None
-        assert v.frame[:6] == bytes.fromhex(BACKEND_MACS[v.backend_id].replace(":", ""))
+        assert v.frame[:6] == bytes.fromhex(macs[v.backend_id].replace(":", ""))
     assert h.conns()["entries"] == 0
+
+
+def test_nat_mode_is_refused_for_an_ipv6_vip(nat_harness: Harness) -> None:
+    """NAT mode is IPv4 only: the table protocol refuses an IPv6 NAT VIP
+    (set_vip), and the data plane keeps what it had; the model, given one
+    anyway, refuses to take a frame to it."""
+    h = nat_harness
+    h.load(nat_tables())
+    nat6 = dataclasses.replace(VIP_NAT_TCP, vip_id=22,
+                               addr=ipaddress.IPv6Address(v6("198.18.2.10")))
+    frame = tcp(v6("198.19.114.1"), 54000, dst=v6("198.18.2.10"))
+    if h.target is None:
+        model = Harness(None, h.port_macs)
+        t = nat_tables()
+        t.vips[nat6.vip_id] = nat6
+        t.rings[nat6.vip_id] = t.rings[VIP_NAT_TCP.vip_id]
+        model.load(t)
+        with pytest.raises(ValueError, match="IPv4 only"):
+            model.send(frame)
+        return
+    assert h.tables is not None
+    with pytest.raises(DataplaneError, match="IPv4 only"):
+        h.target.client.set_vip(nat6, h.tables.rings[VIP_NAT_TCP.vip_id])
+    v = h.send(frame)  # nothing was added: no VIP's
+    assert (v.action, v.reason) == ("pass", "pass_not_vip")
 
 
 def test_arp_for_a_snat_address(nat_harness: Harness) -> None:

@@ -19,6 +19,12 @@
  *   lb.bpf.c uses, in both builds: its verdict must be lb_untagged_ipv4_only's
  *   of lb_parse_frame's, and with LB_PARSE_OK its struct lb_parsed must be
  *   lb_parse_frame's byte for byte, whatever the struct held before.
+ *   And through lb_parse_untagged (untagged IPv4 and IPv6 in one pass, what
+ *   lb.bpf.c uses since IPv6 forwarding), in both builds: its verdict must be
+ *   untagged_only's of lb_parse_frame's (lb_parse_frame's own for an untagged
+ *   IPv4 or IPv6 frame, LB_PARSE_NOT_IP for any other), with LB_PARSE_OK its
+ *   struct lb_parsed lb_parse_frame's byte for byte, and with another
+ *   verdict the fields it promises (family; proto with UNSUPPORTED_L4) too.
  *   clang -target bpf -D__BPF__: that XDP program.
  */
 #include "lb_parse.h"
@@ -31,6 +37,8 @@ struct parse_result {
 	struct lb_parsed p;
 	__u32 fast;    /* lb_parse_untagged_ipv4's */
 	struct lb_parsed fp; /* its result, copied only with LB_PARSE_OK */
+	__u32 both;    /* lb_parse_untagged's */
+	struct lb_parsed bp; /* its result (over a 0x5a filling), whatever the verdict */
 };
 
 #ifdef __BPF__
@@ -52,6 +60,7 @@ int parse_xdp(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct lb_parsed pkt; /* on the stack, as lb.bpf.c has it */
 	struct lb_parsed fpkt;
+	struct lb_parsed bpkt;
 	struct parse_result *r;
 	enum lb_parse_verdict v;
 	__u32 zero = 0;
@@ -66,6 +75,9 @@ int parse_xdp(struct xdp_md *ctx)
 	r->fast = lb_parse_untagged_ipv4(&fpkt, data, data_end);
 	if (r->fast == LB_PARSE_OK)
 		__builtin_memcpy(&r->fp, &fpkt, sizeof(fpkt));
+	__builtin_memset(&bpkt, 0x5a, sizeof(bpkt));
+	r->both = lb_parse_untagged(&bpkt, data, data_end);
+	__builtin_memcpy(&r->bp, &bpkt, sizeof(bpkt));
 	return XDP_PASS;
 }
 
@@ -97,6 +109,39 @@ static const char *vname(unsigned v)
 }
 
 /* ---- the BPF build, for the cross-check ---------------------------------- */
+
+/* The verdict lb_parse_untagged must give, from lb_parse_frame's: the same
+ * for an untagged IPv4 or IPv6 frame, LB_PARSE_NOT_IP for a tagged or
+ * non-IP one (a frame too short for Ethernet is MALFORMED in both). */
+static __u32 untagged_only(const struct lb_parsed *p, __u32 v)
+{
+	if (p->flags & LB_PF_VLAN)
+		return LB_PARSE_NOT_IP;
+	if (p->l3_off == 0)
+		return v;
+	if (p->family != LB_FAMILY_IPV4 && p->family != LB_FAMILY_IPV6)
+		return LB_PARSE_NOT_IP;
+	return v;
+}
+
+/* lb_parse_untagged gave verdict bv and struct *bp on a frame lb_parse_frame
+ * parsed into *p with verdict v: what it promises (the top of this file). */
+static void check_untagged(__u32 bv, const struct lb_parsed *bp, const struct lb_parsed *p,
+			   enum lb_parse_verdict v, const char *build, const char *what)
+{
+	__u32 want = untagged_only(p, v);
+
+	CHECK(bv == want, "%s: %s untagged verdict %s, want %s", what, build, vname(bv),
+	      vname(want));
+	if (bv == LB_PARSE_OK)
+		CHECK(memcmp(bp, p, sizeof(*p)) == 0, "%s: %s untagged struct differs", what, build);
+	else if (bv != LB_PARSE_NOT_IP && p->l3_off != 0)
+		CHECK(bp->family == p->family, "%s: %s untagged family %u, want %u", what, build,
+		      bp->family, p->family);
+	if (bv == LB_PARSE_UNSUPPORTED_L4)
+		CHECK(bp->proto == p->proto, "%s: %s untagged proto %u, want %u", what, build,
+		      bp->proto, p->proto);
+}
 
 #ifdef PARSE_SELFTEST_BPF
 static struct bpf_object *bpf_obj;
@@ -154,6 +199,7 @@ static void bpf_cross_check(const __u8 *frame, size_t len, enum lb_parse_verdict
 	      what, vname(r.fast), vname(lb_untagged_ipv4_only(p, v)));
 	if (r.fast == LB_PARSE_OK)
 		CHECK(memcmp(&r.fp, p, sizeof(*p)) == 0, "%s: BPF one-pass struct differs", what);
+	check_untagged(r.both, &r.bp, p, v, "BPF", what);
 	frames_cross_checked++;
 }
 #else
@@ -193,6 +239,10 @@ static enum lb_parse_verdict parse(const __u8 *frame, size_t len, struct lb_pars
 		      vname(fv), vname(lb_untagged_ipv4_only(p, v)));
 		if (fv == LB_PARSE_OK)
 			CHECK(memcmp(&fp, p, sizeof(fp)) == 0, "%s: one-pass struct differs", what);
+		/* lb_parse_untagged, likewise over both fillings. */
+		memset(&fp, fill ? 0xa5 : 0x5a, sizeof(fp));
+		fv = lb_parse_untagged(&fp, copy, copy + len);
+		check_untagged(fv, &fp, p, v, "native", what);
 	}
 	CHECK(memcmp(copy, frame, len) == 0, "%s: the one-pass parse wrote to the frame", what);
 	bpf_cross_check(copy, len, v, p, what);

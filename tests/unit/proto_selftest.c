@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,25 @@ static void check_mirror(const struct lb_proto_server *srv, const char *when)
 				      sizeof(dp.entries[i].tunnel_src)) &&
 			      dp.entries[i].vip_id == (__u32)i,
 			      "vip %d entry differs after %s", i, when);
+			{
+				struct lb_vip_entry e;
+
+				lb_proto_vip_entry(&st->vips[i], (__u32)i, &e);
+				CHECK(!memcmp(&e, &dp.entries[i], sizeof(e)),
+				      "vip %d: the whole entry differs after %s", i, when);
+			}
+			/* The tunnel rules hold whatever the requests were. */
+			CHECK(st->vips[i].mode == LB_MODE_TUNNEL ?
+			      st->vips[i].tunnel_family && !st->vips[i].nat_port &&
+			      st->vips[i].tunnel_encap <= LB_ENCAP_GUE &&
+			      (st->vips[i].tunnel_encap == LB_ENCAP_GUE) ==
+			      (st->vips[i].gue_port != 0) &&
+			      st->vips[i].tunnel_src_bits <= LB_TUNNEL_SRC_BITS_MAX &&
+			      !(st->vips[i].key.family == LB_FAMILY_V6 &&
+				st->vips[i].tunnel_family == LB_FAMILY_V4) :
+			      !st->vips[i].tunnel_encap && !st->vips[i].gue_port &&
+			      !st->vips[i].tunnel_src_bits,
+			      "vip %d: tunnel fields break the rules after %s", i, when);
 			CHECK(dp.keys[i].family == LB_FAMILY_V6 ||
 			      (dp.keys[i].family == LB_FAMILY_V4 && !dp.keys[i].addr.v6w[1] &&
 			       !dp.keys[i].addr.v6w[2] && !dp.keys[i].addr.v6w[3]),
@@ -1004,8 +1024,8 @@ static void test_snat_rule(struct lb_proto_server *srv)
 	expect_reject(srv, &w, "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6",
 		      "IPv6 NAT VIP");
 	w_set_vip(&w, 0, 61, a4, 4, LB_MODE_TUNNEL);
-	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
-		      "(dsr) and 1 (nat) are implemented", "tunnel VIP");
+	expect_reject(srv, &w, "field 'tunnel_src': tunnel mode (2) needs an outer source address",
+		      "tunnel VIP without tunnel_src");
 	/* A field's own error comes before the SNAT rule. */
 	w_set_vip(&w, 2, 60, a4, 4, LB_MODE_NAT);
 	w_uint(&w, "nat_port", 70000);
@@ -1412,10 +1432,382 @@ static void test_no_nat(void)
 	lb_proto_server_free(srv);
 }
 
-int main(void)
+/* ---- tunnel mode --------------------------------------------------------- */
+
+/* A tunnel set_vip into w: VIP id at addr (alen bytes), mode m, and the
+ * optional fields given (encap/gue/bits < 0: left out; src_len 0: no
+ * tunnel_src; nat_port < 0: left out). */
+static void req_tunnel_vip(struct w *w, __u32 id, const __u8 *addr, size_t alen, uint64_t m,
+			   const __u8 *src, size_t src_len, int encap, int gue, int bits,
+			   int nat_port)
 {
+	w_set_vip(w, (src_len ? 1 : 0) + (encap >= 0) + (gue >= 0) + (bits >= 0) + (nat_port >= 0),
+		  id, addr, alen, m);
+	if (src_len)
+		w_bin(w, "tunnel_src", src, src_len);
+	if (encap >= 0)
+		w_uint(w, "tunnel_encap", (uint64_t)encap);
+	if (gue >= 0)
+		w_uint(w, "gue_port", (uint64_t)gue);
+	if (bits >= 0)
+		w_uint(w, "tunnel_src_bits", (uint64_t)bits);
+	if (nat_port >= 0)
+		w_uint(w, "nat_port", (uint64_t)nat_port);
+}
+
+/* Every VIP of a dump sent back as set_vip: nothing changes. */
+static void dump_vips_round_trip(struct lb_proto_server *srv, const char *what)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	const msgpack_object *vips;
+	char err[512];
+	struct rep rp;
+	struct w w;
+
+	w_init(&w, "dump", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "%s: dump: %s", what, err);
+	vips = mget(rp.root, "vips");
+	CHECK(vips && vips->type == MSGPACK_OBJECT_ARRAY, "%s: dump has no vips", what);
+	for (uint32_t i = 0; vips && vips->type == MSGPACK_OBJECT_ARRAY && i < vips->via.array.size;
+	     i++) {
+		const msgpack_object *v = &vips->via.array.ptr[i];
+		__u32 id = (__u32)(uget(v, "vip_id") % LB_MAX_VIPS);
+		struct lb_proto_vip old = st->vips[id];
+
+		w_init(&w, "set_vip", (int)v->via.map.size);
+		for (uint32_t k = 0; k < v->via.map.size; k++) {
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].key);
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].val);
+		}
+		CHECK(run(srv, &w, err, sizeof(err)), "%s: set_vip %u from dump: %s", what, id, err);
+		CHECK(!memcmp(&old, &st->vips[id], sizeof(old)), "%s: dump -> set_vip changed VIP %u",
+		      what, id);
+	}
+	rep_free(&rp);
+	check_mirror(srv, what);
+}
+
+static void del_vip(struct lb_proto_server *srv, const __u8 *addr, size_t alen)
+{
+	char err[512];
+	struct w w;
+
+	w_init(&w, "del_vip", 3);
+	w_bin(&w, "addr", addr, alen);
+	w_uint(&w, "port", 80);
+	w_uint(&w, "proto", 6);
+	CHECK(run(srv, &w, err, sizeof(err)), "del_vip: %s", err);
+}
+
+/* set_vip's tunnel fields on a data plane with tunnel mode: each field's own
+ * checks, the mode rules in PROTOCOL.md's order, what is stored, dump. */
+static void test_tunnel(struct lb_proto_server *srv)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	__u8 a4[4] = { 10, 0, 0, 50 }, a6[16], b4[4] = { 10, 0, 0, 51 }, b6[16];
+	__u8 src4[4] = { 192, 0, 2, 1 }, src6[16];
+	const msgpack_object *vips;
+	char err[512];
+	struct rep rp;
+	struct w w;
+	int seen = 0;
+
+	vip_addr(a6, 16, 50);
+	vip_addr(b6, 16, 51);
+	vip_addr(src6, 16, 0xaa);
+
+	/* Each field's own type and range, before any mode rule. */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_DSR, NULL, 0, 2, -1, -1, -1);
+	expect_reject(srv, &w, "field 'tunnel_encap' out of range: 2 (allowed 0..1)", "encap 2");
+	w_set_vip(&w, 1, 50, a4, 4, LB_MODE_TUNNEL);
+	w_key(&w, "tunnel_encap");
+	w_str(&w, "gue");
+	expect_reject(srv, &w, "field 'tunnel_encap' must be an unsigned integer, got str",
+		      "encap str");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 1, 0, -1, -1);
+	expect_reject(srv, &w, "field 'gue_port' out of range: 0 (allowed 1..65535)", "gue_port 0");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 1, 65536, -1, -1);
+	expect_reject(srv, &w, "field 'gue_port' out of range: 65536", "gue_port 65536");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 0, -1, 17, -1);
+	expect_reject(srv, &w, "field 'tunnel_src_bits' out of range: 17 (allowed 0..16)", "bits 17");
+	/* A field's error beats a mode rule (here: no tunnel_src). */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, NULL, 0, -1, -1, 99, -1);
+	expect_reject(srv, &w, "field 'tunnel_src_bits' out of range", "bits before rules");
+
+	/* The rules, in order. */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_DSR, NULL, 0, 0, -1, -1, -1);
+	expect_reject(srv, &w, "field 'tunnel_encap': only a tunnel VIP (mode 2) takes it, field "
+		      "'mode' is 0", "encap on DSR");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_NAT, NULL, 0, -1, 6080, -1, -1);
+	expect_reject(srv, &w, "field 'gue_port': only a tunnel VIP (mode 2) takes it, field "
+		      "'mode' is 1", "gue_port on NAT");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_DSR, src4, 4, -1, -1, 0, -1);
+	expect_reject(srv, &w, "field 'tunnel_src_bits': only a tunnel VIP (mode 2) takes it",
+		      "bits on DSR");
+	/* The IPv6 NAT rule comes first. */
+	req_tunnel_vip(&w, 50, a6, 16, LB_MODE_NAT, NULL, 0, 0, -1, -1, -1);
+	expect_reject(srv, &w, "field 'mode': NAT mode (1) is IPv4 only", "IPv6 NAT with encap");
+	req_tunnel_vip(&w, 50, a6, 16, LB_MODE_TUNNEL, NULL, 0, -1, 6080, -1, -1);
+	expect_reject(srv, &w, "field 'gue_port': only GUE (tunnel_encap 1) has a UDP port, "
+		      "tunnel_encap is 0 (ipip)", "gue_port with IPIP (default)");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 0, 6080, -1, -1);
+	expect_reject(srv, &w, "field 'gue_port': only GUE (tunnel_encap 1)", "gue_port with IPIP");
+	req_tunnel_vip(&w, 50, a6, 16, LB_MODE_TUNNEL, NULL, 0, 1, -1, 4, -1);
+	expect_reject(srv, &w, "field 'tunnel_src': tunnel mode (2) needs an outer source address",
+		      "no tunnel_src");
+	req_tunnel_vip(&w, 50, a6, 16, LB_MODE_TUNNEL, src4, 4, 1, -1, -1, 8080);
+	expect_reject(srv, &w, "field 'tunnel_src': an IPv6 VIP is tunnelled in IPv6 only (IPv6 "
+		      "inside IPv4 is not carried), 'tunnel_src' is IPv4", "6 in 4");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, 8080);
+	expect_reject(srv, &w, "field 'nat_port': only a NAT VIP (mode 1) takes a backend port, "
+		      "field 'mode' is 2", "nat_port on tunnel");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, -1);
+	w.sb.data[0]++; /* fixmap header: one more field, snat, follows */
+	w_bool(&w, "snat", true);
+	expect_reject(srv, &w, "field 'snat': only a NAT VIP (mode 1) takes SNAT, field 'mode' is 2",
+		      "snat on tunnel");
+	CHECK(!st->vips[50].used, "a refused tunnel VIP was stored");
+
+	/* Accepted: IPIP over IPv4, the defaults (nat_port 0 given is fine). */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, 0);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPIP tunnel VIP: %s", err);
+	CHECK(st->vips[50].used && st->vips[50].mode == LB_MODE_TUNNEL &&
+	      st->vips[50].tunnel_encap == LB_ENCAP_IPIP && st->vips[50].gue_port == 0 &&
+	      st->vips[50].tunnel_src_bits == 0 && st->vips[50].tunnel_family == LB_FAMILY_V4 &&
+	      st->vips[50].tunnel_src.v4 == htonl(0xc0000201) &&
+	      dp.entries[50].mode == LB_MODE_TUNNEL, "IPIP tunnel VIP not stored");
+	check_mirror(srv, "IPIP tunnel VIP");
+	/* Rewritten as GUE over IPv6 (inner IPv4): the default port. */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src6, 16, 1, -1, 8, -1);
+	CHECK(run(srv, &w, err, sizeof(err)), "GUE 4in6 tunnel VIP: %s", err);
+	CHECK(st->vips[50].tunnel_encap == LB_ENCAP_GUE &&
+	      st->vips[50].gue_port == htons(LB_GUE_PORT_DEFAULT) &&
+	      dp.entries[50].gue_port == htons(LB_GUE_PORT_DEFAULT) &&
+	      st->vips[50].tunnel_src_bits == 8 && dp.entries[50].tunnel_src_bits == 8 &&
+	      st->vips[50].tunnel_family == LB_FAMILY_V6, "GUE tunnel VIP not stored");
+	/* An IPv6 VIP, GUE on a given port, every flow bit; with its ring. */
+	req_tunnel_vip(&w, 51, b6, 16, LB_MODE_TUNNEL, src6, 16, 1, 5555,
+		       LB_TUNNEL_SRC_BITS_MAX, -1);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPv6 GUE tunnel VIP: %s", err);
+	CHECK(st->vips[51].gue_port == htons(5555) &&
+	      st->vips[51].tunnel_src_bits == LB_TUNNEL_SRC_BITS_MAX &&
+	      dp.entries[51].tunnel_encap == LB_ENCAP_GUE, "IPv6 GUE tunnel VIP not stored");
+	/* An IPv4 VIP of another id, IPIP, explicitly. */
+	req_tunnel_vip(&w, 52, b4, 4, LB_MODE_TUNNEL, src4, 4, 0, -1, 3, -1);
+	CHECK(run(srv, &w, err, sizeof(err)), "IPIP tunnel VIP 52: %s", err);
+	check_mirror(srv, "tunnel VIPs");
+
+	/* dump: the tunnel fields with tunnel VIPs only, gue_port with GUE only. */
+	w_init(&w, "dump", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "dump: %s", err);
+	vips = mget(rp.root, "vips");
+	for (uint32_t i = 0; vips && vips->type == MSGPACK_OBJECT_ARRAY && i < vips->via.array.size;
+	     i++) {
+		const msgpack_object *v = &vips->via.array.ptr[i];
+		uint64_t id = uget(v, "vip_id");
+		bool tunnel = id < LB_MAX_VIPS && st->vips[id].mode == LB_MODE_TUNNEL;
+
+		CHECK(!mget(v, "tunnel_encap") == !tunnel && !mget(v, "tunnel_src_bits") == !tunnel,
+		      "dump's VIP %llu: tunnel fields %s", (unsigned long long)id,
+		      tunnel ? "missing" : "on a non-tunnel VIP");
+		CHECK(!mget(v, "gue_port") ==
+		      !(tunnel && st->vips[id].tunnel_encap == LB_ENCAP_GUE),
+		      "dump's VIP %llu: gue_port", (unsigned long long)id);
+		if (id == 50) {
+			CHECK(uget(v, "tunnel_encap") == 1 && uget(v, "gue_port") == 6080 &&
+			      uget(v, "tunnel_src_bits") == 8 && mget(v, "tunnel_src") &&
+			      mget(v, "tunnel_src")->via.bin.size == 16, "dump's VIP 50");
+			seen++;
+		}
+		if (id == 51) {
+			CHECK(uget(v, "gue_port") == 5555 && uget(v, "tunnel_src_bits") == 16,
+			      "dump's VIP 51");
+			seen++;
+		}
+		if (id == 52) {
+			CHECK(uget(v, "tunnel_encap") == 0 && uget(v, "tunnel_src_bits") == 3,
+			      "dump's VIP 52");
+			seen++;
+		}
+	}
+	CHECK(seen == 3, "dump showed %d of the 3 tunnel VIPs", seen);
+	rep_free(&rp);
+	dump_vips_round_trip(srv, "tunnel dump round trip");
+
+	/* Back to DSR: the tunnel fields go, tunnel_src stays as given. */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_DSR, src4, 4, -1, -1, -1, -1);
+	CHECK(run(srv, &w, err, sizeof(err)), "tunnel VIP back to DSR: %s", err);
+	CHECK(st->vips[50].mode == LB_MODE_DSR && !st->vips[50].tunnel_encap &&
+	      !st->vips[50].gue_port && !st->vips[50].tunnel_src_bits &&
+	      st->vips[50].tunnel_family == LB_FAMILY_V4, "DSR again: tunnel fields kept");
+	check_mirror(srv, "tunnel VIP back to DSR");
+	del_vip(srv, a4, 4);
+	del_vip(srv, b6, 16);
+	del_vip(srv, b4, 4);
+	check_mirror(srv, "tunnel VIPs deleted");
+}
+
+/* lb_proto_vip_entry and lb_proto_vip_from_entry: every field both ways. */
+static void test_vip_entry_conversion(void)
+{
+	struct lb_proto_vip v, back;
+	struct lb_vip_entry e;
+
+	memset(&v, 0, sizeof(v));
+	v.used = true;
+	v.mode = LB_MODE_TUNNEL;
+	v.tunnel_family = LB_FAMILY_V6;
+	v.nat_port = htons(1);
+	v.nat_flags = LB_VIP_F_SNAT;
+	memset(&v.tunnel_src, 0x5a, sizeof(v.tunnel_src));
+	v.tunnel_encap = LB_ENCAP_GUE;
+	v.tunnel_src_bits = 12;
+	v.gue_port = htons(7777);
+	memset(&e, 0xff, sizeof(e));
+	lb_proto_vip_entry(&v, 9, &e);
+	CHECK(e.vip_id == 9 && e.mode == LB_MODE_TUNNEL && e.tunnel_family == LB_FAMILY_V6 &&
+	      e.nat_port == htons(1) && e.nat_flags == LB_VIP_F_SNAT &&
+	      e.tunnel_src.v6[7] == 0x5a && e.tunnel_encap == LB_ENCAP_GUE &&
+	      e.gue_port == htons(7777) && e.tunnel_src_bits == 12 && !e.pad[0] && !e.pad[1] &&
+	      !e.pad[2], "lb_proto_vip_entry");
+	memcpy(&back, &v, sizeof(back));
+	memset((char *)&back + offsetof(struct lb_proto_vip, mode), 0,
+	       offsetof(struct lb_proto_vip, key) - offsetof(struct lb_proto_vip, mode));
+	memset(&back.tunnel_src, 0, sizeof(back) - offsetof(struct lb_proto_vip, tunnel_src));
+	lb_proto_vip_from_entry(&e, &back);
+	CHECK(!memcmp(&back, &v, sizeof(v)), "lb_proto_vip_from_entry");
+}
+
+/* Adopting tunnel VIPs (pinned XDP maps): the rules set_vip enforces. */
+static void test_tunnel_restore(void)
+{
+	static const char *const caps[] = { "dsr", "tunnel", NULL };
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096, .capabilities = caps,
+				      .tunnel = true };
+	struct lb_proto_server *srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	struct lb_proto_state *good = restore_state(), *bad = restore_state();
+	const struct lb_proto_state *cur;
+	char why[256] = "";
+	int n = 100;
+
+	if (!srv)
+		abort();
+	cur = lb_proto_server_state(srv);
+	/* VIP 7 becomes a GUE tunnel VIP over IPv4. */
+	good->vips[7].mode = LB_MODE_TUNNEL;
+	good->vips[7].nat_flags = 0;
+	good->vips[7].tunnel_family = LB_FAMILY_V4;
+	good->vips[7].tunnel_src.v4 = htonl(0xc0000201);
+	good->vips[7].tunnel_encap = LB_ENCAP_GUE;
+	good->vips[7].gue_port = htons(6080);
+	good->vips[7].tunnel_src_bits = 4;
+#define BAD_CASE(mutation, needle)                                 \
+	do {                                                       \
+		memcpy(bad, good, sizeof(*bad));                   \
+		mutation;                                          \
+		restore_bad(srv, bad, needle, n++);                \
+	} while (0)
+	BAD_CASE(bad->vips[7].gue_port = 0, "VIP 7: mode 2 with tunnel_src family 4, "
+		 "tunnel_encap 1, gue_port 0");
+	BAD_CASE(bad->vips[7].tunnel_encap = LB_ENCAP_IPIP, "tunnel_encap 0, gue_port 6080");
+	BAD_CASE(bad->vips[7].tunnel_encap = 2, "tunnel_encap 2");
+	BAD_CASE(bad->vips[7].tunnel_src_bits = 17, "tunnel_src_bits 17");
+	BAD_CASE(bad->vips[7].tunnel_family = 0; bad->vips[7].tunnel_src.v4 = 0,
+		 "tunnel_src family 0");
+	BAD_CASE(bad->vips[7].nat_port = htons(80), "nat_port 80");
+	BAD_CASE(bad->vips[7].key.family = LB_FAMILY_V6; bad->vips[7].key.addr.v6[15] = 7,
+		 "VIP 7: mode 2 with tunnel_src family 4");
+	BAD_CASE(bad->vips[7].mode = LB_MODE_DSR, "VIP 7: mode 0 with tunnel_src family 4, "
+		 "tunnel_encap 1");
+	BAD_CASE(bad->vips[7].mode = LB_MODE_DSR; bad->vips[7].tunnel_encap = 0;
+		 bad->vips[7].gue_port = 0, "VIP 7: mode 0 with tunnel_src family 4, "
+		 "tunnel_encap 0, gue_port 0, tunnel_src_bits 4");
+#undef BAD_CASE
+	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == 0, "tunnel restore: %s", why);
+	CHECK(cur->vips[7].used && !memcmp(&cur->vips[7], &good->vips[7], sizeof(good->vips[7])),
+	      "tunnel restore: not adopted");
+	lb_proto_server_free(srv);
+
+	/* A plane without tunnel mode refuses to adopt a tunnel VIP. */
+	info.tunnel = false;
+	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == -EINVAL &&
+	      strstr(why, "VIP 7: mode 2 (family 4) not served"), "non-tunnel restore: %s", why);
+	lb_proto_server_free(srv);
+	free(good);
+	free(bad);
+}
+
+/* The "mode not supported" error names what the plane serves; hello carries
+ * the capabilities the data plane passes. */
+static void test_no_tunnel(void)
+{
+	static const char *const caps[] = { "dsr", "tunnel", NULL };
 	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
 				      .conn_table_size = 4096 };
+	__u8 a4[4] = { 10, 0, 0, 50 }, src4[4] = { 192, 0, 2, 1 };
+	const msgpack_object *cap;
+	struct lb_proto_server *srv;
+	char err[512];
+	struct rep rp;
+	struct w w;
+
+	/* NAT, no tunnel. */
+	dp_reset();
+	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 1, -1, 4, -1);
+	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
+		      "(dsr) and 1 (nat) are implemented", "no-tunnel tunnel VIP");
+	/* The field checks still come first. */
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 3, -1, -1, -1);
+	expect_reject(srv, &w, "field 'tunnel_encap' out of range", "no-tunnel bad encap");
+	lb_proto_server_free(srv);
+
+	/* Neither. */
+	dp_reset();
+	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, -1);
+	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
+		      "(dsr) is implemented", "bare tunnel VIP");
+	lb_proto_server_free(srv);
+
+	/* Tunnel, no NAT. */
+	dp_reset();
+	info.tunnel = true;
+	info.capabilities = caps;
+	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
+	if (!srv)
+		abort();
+	w_set_vip(&w, 0, 50, a4, 4, LB_MODE_NAT);
+	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 1, only 0 "
+		      "(dsr) and 2 (tunnel) are implemented", "tunnel-only NAT VIP");
+	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, -1);
+	CHECK(run(srv, &w, err, sizeof(err)), "tunnel-only tunnel VIP: %s", err);
+	check_mirror(srv, "tunnel-only");
+	w_init(&w, "hello", 0);
+	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "hello: %s", err);
+	cap = mget(rp.root, "capabilities");
+	CHECK(cap && cap->type == MSGPACK_OBJECT_ARRAY && cap->via.array.size == 2 &&
+	      cap->via.array.ptr[1].type == MSGPACK_OBJECT_STR &&
+	      cap->via.array.ptr[1].via.str.size == 6 &&
+	      !memcmp(cap->via.array.ptr[1].via.str.ptr, "tunnel", 6), "hello's capabilities");
+	rep_free(&rp);
+	lb_proto_server_free(srv);
+}
+
+int main(void)
+{
+	static const char *const caps[] = { "dsr", "nat", "tunnel", NULL };
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096, .capabilities = caps,
+				      .tunnel = true };
 	struct lb_config cfg = base_cfg;
 	struct lb_proto_server *srv;
 	char err[512];
@@ -1447,6 +1839,7 @@ int main(void)
 	test_snat_rule(srv);
 	test_nat_dump(srv); /* leaves a pool, SNAT VIP 62 and NAT VIP 63 for the fuzz */
 	test_nat_stats_hello(srv, info.conn_table_size);
+	test_tunnel(srv);
 
 	/* Fuzz: random requests built from valid pieces, some mangled, plus
 	 * plain random bytes. After each, the mirror must still agree. */
@@ -1504,6 +1897,18 @@ int main(void)
 			__u8 addr[16];
 
 			vip_addr(addr, alen, (__u8)(rand_r(&seed) % 8));
+			if (rand_r(&seed) % 2) { /* or a tunnel VIP, any mix of its fields */
+				static const __u8 src[16] = { 0xfd, [15] = 1 };
+				int r = rand_r(&seed);
+
+				req_tunnel_vip(&w, (__u32)(rand_r(&seed) % 70), addr, alen,
+					       r % 5 ? LB_MODE_TUNNEL : (uint64_t)(r % 3),
+					       src, (r >> 3) % 3 ? ((r >> 5) % 2 ? 4 : 16) : 0,
+					       (r >> 6) % 4 - 1, (r >> 8) % 3 ? -1 : 4789,
+					       (r >> 10) % 3 ? -1 : (r >> 12) % 18,
+					       (r >> 17) % 4 ? -1 : (r >> 19) % 2 * 80);
+				break;
+			}
 			w_set_vip(&w, 1, rand_r(&seed) % 70, addr, alen,
 				  rand_r(&seed) % 5 ? LB_MODE_NAT : LB_MODE_DSR);
 			w_bool(&w, "snat", rand_r(&seed) % 2);
@@ -1535,6 +1940,9 @@ int main(void)
 	lb_proto_server_free(srv);
 	test_nat_restore();
 	test_no_nat();
+	test_vip_entry_conversion();
+	test_tunnel_restore();
+	test_no_tunnel();
 	if (failures) {
 		fprintf(stderr, "%d failures\n", failures);
 		return 1;

@@ -25,6 +25,13 @@ from pathlib import Path
 
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+from scapy.layers.inet6 import (
+    ICMPv6ND_NA,
+    ICMPv6ND_NS,
+    ICMPv6NDOptDstLLAddr,
+    ICMPv6NDOptSrcLLAddr,
+    IPv6,
+)
 from scapy.layers.l2 import ARP, Ether
 
 from hpclb.balancing import maglev
@@ -32,6 +39,7 @@ from hpclb.contract.tables import (
     STAT_NAMES,
     Backend,
     BackendState,
+    Encap,
     NatConfig,
     TableSet,
     Vip,
@@ -395,13 +403,13 @@ class Wire:
             self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
             self.sock.bind(("d1", 0))
 
-    def exchange(self, frame: bytes, timeout: float = 3.0) -> Ether:
-        """Sends frame, returns the first frame of the same kind (ARP or IPv4)
-        the forwarder sends back."""
+    def exchange(self, frame: bytes, timeout: float = 3.0, kind: int | None = None) -> Ether:
+        """Sends frame, returns the first frame of the same kind (ARP, IPv4,
+        IPv6; or the EtherType `kind`) the forwarder sends back."""
         while select.select([self.sock], [], [], 0)[0]:
             self.sock.recv(65536)
         self.sock.send(frame)
-        kind = Ether(frame).type
+        kind = Ether(frame).type if kind is None else kind
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if not select.select([self.sock], [], [], left)[0]:
@@ -424,9 +432,11 @@ def checksums_ok(pkt: Ether) -> bool:
 
 @contextlib.contextmanager
 def nat_forwarder_in(ns: str, tmp: Path, lcores_map: str | None = None,
+                     tables: TableSet | None = None,
                      **kw: object) -> Iterator[tuple[DataplaneProcess, str, Wire]]:
-    """The forwarder on d0 with _nat_tables pushed; lcores_map, if given,
-    replaces "-l" with an EAL --lcores map (more workers than this host's CPUs)."""
+    """The forwarder on d0 with tables (default _nat_tables) pushed; lcores_map,
+    if given, replaces "-l" with an EAL --lcores map (more workers than this
+    host's CPUs)."""
     for knob in ("all", "default"):  # no kernel chatter between the frames
         sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{knob}.disable_ipv6=1")
     spec = launch(ns, tmp, conn_table_size=64, **kw)
@@ -441,7 +451,7 @@ def nat_forwarder_in(ns: str, tmp: Path, lcores_map: str | None = None,
     try:
         hello = dp.client.hello()
         assert "nat" in hello["capabilities"] and hello["conn_table_size"] == 64
-        push_tables(dp.client, None, _nat_tables())
+        push_tables(dp.client, None, tables if tables is not None else _nat_tables())
         yield dp, mac_str(bytes(hello["ports"][0]["mac"])), wire
     finally:
         wire.sock.close()
@@ -570,3 +580,184 @@ def test_nat_replies_meet_their_connection_on_any_worker(netns: str, tmp_path: P
         assert stats["counters"]["conn_reply"] == 40
         workers = dpdk_telemetry.query(prefix, "/hpclb/workers")
         assert all(w["frames"] > 0 for w in workers.values()) and len(workers) == 2
+
+
+# --- IPv6, tunnel mode (lb_encap.h) and neighbour discovery --------------------
+# As for NAT: each frame the forwarder sends is read back with scapy, its
+# headers and checksums checked from scratch rather than against the model.
+
+CLIENT6 = "fd00:7::1"
+VIP6 = "fd00::10"        # TCP 80: DSR; UDP 53: tunnel IPIP (6in6); UDP 54: tunnel GUE (6in6)
+BACKEND6 = "fd00:2::1"
+BACKEND6_MAC = "02:bb:00:00:00:60"
+TUN_VIP = "198.18.1.20"  # UDP 53: IPIP 4in4; 54: GUE over IPv4; 55: 4in6 (IPIP); 56: drop_encap
+TUN_SRC4 = "198.18.9.0"
+TUN_SRC6 = "fd00:9::"
+GUE_PORT = 6080
+
+
+def _v6_tunnel_tables() -> TableSet:
+    t = TableSet(hash_key=bytes(range(16)), ring_size=65537)
+    t.backends[0] = Backend(0, ipaddress.IPv6Address(BACKEND6), BACKEND6_MAC)
+    t.backends[1] = Backend(1, ipaddress.IPv4Address(BACKEND), BACKEND_MAC)
+    v6_ring = maglev.build_table([(0, "b0", 1.0)], 65537)
+    v4_ring = maglev.build_table([(1, "b1", 1.0)], 65537)
+    src4, src6 = ipaddress.IPv4Address(TUN_SRC4), ipaddress.IPv6Address(TUN_SRC6)
+    vip6, vip4 = ipaddress.IPv6Address(VIP6), ipaddress.IPv4Address(TUN_VIP)
+    tunnel = VipMode.TUNNEL
+    t.vips[5] = Vip(5, vip6, 80, 6)
+    t.vips[6] = Vip(6, vip6, 53, 17, mode=tunnel, tunnel_src=src6)
+    t.vips[7] = Vip(7, vip6, 54, 17, mode=tunnel, tunnel_src=src6, tunnel_encap=Encap.GUE,
+                    gue_port=GUE_PORT, tunnel_src_bits=8)
+    t.vips[8] = Vip(8, vip4, 53, 17, mode=tunnel, tunnel_src=src4, tunnel_src_bits=4)
+    t.vips[9] = Vip(9, vip4, 54, 17, mode=tunnel, tunnel_src=src4, tunnel_encap=Encap.GUE,
+                    gue_port=GUE_PORT)
+    t.vips[10] = Vip(10, vip4, 55, 17, mode=tunnel, tunnel_src=src6)
+    # A tunnel source of another family than the backend's: not encapsulated.
+    t.vips[11] = Vip(11, vip4, 56, 17, mode=tunnel, tunnel_src=src6)
+    t.rings = {5: v6_ring, 6: v6_ring, 7: v6_ring, 8: v4_ring, 9: v4_ring, 10: v6_ring,
+               11: v4_ring}
+    return t
+
+
+def flow_bits(src: str, sport: int) -> int:
+    """lb_tunnel_flow_bits: the XOR of the source address's 16-bit words and
+    the source port."""
+    packed = ipaddress.ip_address(src).packed
+    x = sport
+    for i in range(0, len(packed), 2):
+        x ^= int.from_bytes(packed[i:i + 2], "big")
+    return x
+
+
+@pytest.fixture
+def v6_forwarder(netns: str, tmp_path: Path) -> Iterator[tuple[DataplaneProcess, str, Wire]]:
+    with nat_forwarder_in(netns, tmp_path, tables=_v6_tunnel_tables()) as running:
+        dp = running[0]
+        caps = dp.client.hello()["capabilities"]
+        assert "tunnel" in caps and "ndp_reply" in caps
+        yield running
+
+
+def test_ipv6_dsr_and_tunnel_encapsulations(
+        v6_forwarder: tuple[DataplaneProcess, str, Wire]) -> None:
+    dp, port_mac, wire = v6_forwarder
+    # DSR: the MACs change, nothing else.
+    syn = Ether(src=CLIENT_MAC, dst=port_mac) / IPv6(src=CLIENT6, dst=VIP6, hlim=9) / TCP(
+        sport=40000, dport=80, flags="S")
+    out = wire.exchange(bytes(syn))
+    assert (out.dst, out.src) == (BACKEND6_MAC, port_mac)
+    assert bytes(out)[12:] == bytes(syn)[12:]
+
+    # 6in6 (IPIP): the inner packet as it came, an outer IPv6 header in front.
+    inner6 = IPv6(src=CLIENT6, dst=VIP6, tc=0xb8, hlim=9) / UDP(sport=40001, dport=53) / b"q"
+    out = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner6))
+    assert (out.dst, out.src, out.type) == (BACKEND6_MAC, port_mac, 0x86DD)
+    o6 = out[IPv6]
+    assert (o6.src, o6.dst, o6.nh, o6.hlim, o6.tc) == (TUN_SRC6, BACKEND6, 41, 64, 0xb8)
+    assert o6.fl == flow_bits(CLIENT6, 40001) and o6.plen == len(inner6)
+    assert bytes(o6.payload) == bytes(inner6)
+
+    # GUE over IPv6: UDP from 49152 + the flow bits, to the VIP's port,
+    # checksum 0; the outer source's low 8 bits from the flow.
+    inner6 = IPv6(src=CLIENT6, dst=VIP6) / UDP(sport=40002, dport=54) / b"q"
+    out = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner6))
+    bits = flow_bits(CLIENT6, 40002)
+    assert out[IPv6].src == str(ipaddress.IPv6Address(TUN_SRC6) + (bits & 0xff))
+    assert (out[IPv6].nh, out[UDP].dport, out[UDP].chksum) == (17, GUE_PORT, 0)
+    assert out[UDP].sport == 49152 + (bits & 0x3fff) and out[UDP].len == 8 + len(inner6)
+    assert bytes(out[UDP].payload) == bytes(inner6)
+
+    # 4in4 (IPIP), the outer source's low 4 bits from the flow.
+    inner4 = IP(src=CLIENT, dst=TUN_VIP, tos=0x2e, ttl=7) / UDP(sport=40003, dport=53) / b"q"
+    out = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner4))
+    bits = flow_bits(CLIENT, 40003)
+    assert (out.dst, out.src) == (BACKEND_MAC, port_mac)
+    o4 = out[IP]
+    assert (o4.dst, o4.proto, o4.ttl, o4.tos, o4.flags, o4.id) == (BACKEND, 4, 64, 0x2e, "DF", 0)
+    assert o4.src == str(ipaddress.IPv4Address(TUN_SRC4) + (bits & 0xf))
+    assert o4.len == 20 + len(inner4) and checksum_of_ip_ok(out)
+    assert bytes(o4.payload) == bytes(inner4)
+
+    # GUE over IPv4.
+    inner4 = IP(src=CLIENT, dst=TUN_VIP) / UDP(sport=40004, dport=54) / b"q"
+    out = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner4))
+    assert (out[IP].proto, out[IP].src, out[UDP].dport, out[UDP].chksum) == (
+        17, TUN_SRC4, GUE_PORT, 0)
+    assert bytes(out[UDP].payload) == bytes(inner4) and checksum_of_ip_ok(out)
+
+    # 4in6: an IPv4 packet inside IPv6, next header 4.
+    inner4 = IP(src=CLIENT, dst=TUN_VIP) / UDP(sport=40005, dport=55) / b"q"
+    out = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner4), kind=0x86DD)
+    assert (out.dst, out[IPv6].nh, out[IPv6].src, out[IPv6].dst) == (
+        BACKEND6_MAC, 4, TUN_SRC6, BACKEND6)
+    assert bytes(out[IPv6].payload) == bytes(inner4)
+
+    # The pinned flow is encapsulated the same way the second time.
+    again = wire.exchange(bytes(Ether(src=CLIENT_MAC, dst=port_mac) / inner4), kind=0x86DD)
+    assert bytes(again) == bytes(out)
+
+    # An IPv4 tunnel source for an IPv6 backend: dropped, counted.
+    bad = Ether(src=CLIENT_MAC, dst=port_mac) / IP(src=CLIENT, dst=TUN_VIP) / UDP(
+        sport=40006, dport=56)
+    wire.sock.send(bytes(bad))
+    deadline = time.monotonic() + 3
+    while dp.client.stats()["counters"]["drop_encap"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    counters = dp.client.stats()["counters"]
+    assert counters["tunnel_encap"] == 6 and counters["fwd_tx"] == 7
+    assert (counters["flow_new"], counters["flow_hit"]) == (7, 1)
+
+
+def checksum_of_ip_ok(pkt: Ether) -> bool:
+    """The outer IPv4 header checksum equals scapy's recomputation."""
+    again = Ether(bytes(pkt))
+    del again[IP].chksum
+    return Ether(bytes(again))[IP].chksum == pkt[IP].chksum
+
+
+def test_neighbor_solicitations_for_vips_are_answered(
+        v6_forwarder: tuple[DataplaneProcess, str, Wire]) -> None:
+    dp, port_mac, wire = v6_forwarder
+    solicited = "ff02::1:ff00:10"
+    ns = (Ether(src=CLIENT_MAC, dst="33:33:ff:00:00:10") / IPv6(src=CLIENT6, dst=solicited)
+          / ICMPv6ND_NS(tgt=VIP6) / ICMPv6NDOptSrcLLAddr(lladdr=CLIENT_MAC))
+    na = wire.exchange(bytes(ns))
+    assert (na.dst, na.src) == (CLIENT_MAC, port_mac) and len(bytes(na)) == 14 + 40 + 32
+    assert (na[IPv6].src, na[IPv6].dst, na[IPv6].hlim, na[IPv6].plen) == (VIP6, CLIENT6, 255, 32)
+    adv = na[ICMPv6ND_NA]
+    assert (adv.tgt, adv.R, adv.S, adv.O) == (VIP6, 0, 1, 1)
+    assert na[ICMPv6NDOptDstLLAddr].lladdr == port_mac
+    again = IPv6(bytes(na[IPv6]))
+    del again[ICMPv6ND_NA].cksum
+    assert IPv6(bytes(again))[ICMPv6ND_NA].cksum == adv.cksum
+
+    # Duplicate address detection (from ::): to all-nodes, S clear (RFC 4861 7.2.4).
+    dad = (Ether(src=CLIENT_MAC, dst="33:33:ff:00:00:10") / IPv6(src="::", dst=solicited)
+           / ICMPv6ND_NS(tgt=VIP6))
+    na = wire.exchange(bytes(dad))
+    assert (na.dst, na[IPv6].dst, na[ICMPv6ND_NA].S, na[ICMPv6ND_NA].O) == (
+        "33:33:00:00:00:01", "ff02::1", 0, 1)
+
+    # Not answered (to the kernel): another target, a hop limit below 255, a
+    # bad checksum, a truncated solicitation, a DAD probe with a source
+    # link-layer option, an option of length 0.
+    truncated = bytes(ICMPv6ND_NS(tgt=VIP6))[:20]
+    eth = Ether(src=CLIENT_MAC, dst="33:33:ff:00:00:10")
+    slla = ICMPv6NDOptSrcLLAddr(lladdr=CLIENT_MAC)
+    for frame in (
+            eth / IPv6(src=CLIENT6, dst=solicited) / ICMPv6ND_NS(tgt="fd00::99"),
+            eth / IPv6(src=CLIENT6, dst=solicited, hlim=64) / ICMPv6ND_NS(tgt=VIP6),
+            eth / IPv6(src=CLIENT6, dst=solicited) / ICMPv6ND_NS(tgt=VIP6, cksum=0x1234),
+            eth / IPv6(src=CLIENT6, dst=solicited, nh=58) / truncated,
+            eth / IPv6(src="::", dst=solicited) / ICMPv6ND_NS(tgt=VIP6) / slla,
+            eth / IPv6(src=CLIENT6, dst=solicited) / ICMPv6ND_NS(tgt=VIP6)
+            / ICMPv6NDOptSrcLLAddr(len=0, lladdr=CLIENT_MAC)):
+        before = dp.client.stats()["counters"]["pass_not_vip"]
+        wire.sock.send(bytes(frame))
+        deadline = time.monotonic() + 3
+        while dp.client.stats()["counters"]["pass_not_vip"] != before + 1:
+            assert time.monotonic() < deadline, frame.summary()
+            time.sleep(0.01)
+    assert dp.client.stats()["counters"]["ndp_reply"] == 2

@@ -21,6 +21,7 @@ against one that does not.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -72,7 +73,8 @@ STAT_NAMES = [
     "drop_malformed", "drop_no_backend", "drop_tx_error", "flow_hit", "flow_new",
     "flow_repin", "arp_reply", "flow_evict", "conn_new", "conn_hit", "conn_reply",
     "conn_evict", "conn_reschedule", "nat_icmp", "drop_conn_full", "drop_snat_exhausted",
-    "drop_backend_down", "drop_conn_invalid",
+    "drop_backend_down", "drop_conn_invalid", "ndp_reply", "pass_ext_headers", "tunnel_encap",
+    "drop_encap",
 ]
 
 CONN_STATE_NAMES = ["syn_sent", "syn_recv", "established", "fin_wait", "time_wait", "close",
@@ -302,6 +304,10 @@ def has_nat(c: Client) -> bool:
     return "nat" in c.call("hello")["capabilities"]
 
 
+def has_tunnel(c: Client) -> bool:
+    return "tunnel" in c.call("hello")["capabilities"]
+
+
 def nat_or_skip(c: Client) -> dict[str, Any]:
     """hello's reply, or a skip saying why when the data plane has no NAT mode."""
     h = c.call("hello")
@@ -377,6 +383,9 @@ def test_hello(client: Client, daemon: Daemon) -> None:
     # NAT mode: a connection table exactly when the "nat" capability is there.
     assert isinstance(h["conn_table_size"], int)
     assert (h["conn_table_size"] > 0) == ("nat" in h["capabilities"]), h
+    # Both data planes do tunnel mode (set_vip mode 2); the tunnel tests below
+    # also check the refusal a data plane without it gives.
+    assert "tunnel" in h["capabilities"], h
     if daemon.kind == "xdp":
         assert h["attach_mode"] == "none"  # --no-attach
         assert [p["ifname"] for p in h["ports"]] == ["va", "vb"]
@@ -502,7 +511,7 @@ def backend6(i: int, state: int = 0, port: int = 1) -> dict[str, Any]:
 @needs_root
 def test_ipv6_vip_and_backends_round_trip(configured: Client, daemon: Daemon) -> None:
     """Protocol 2: an IPv6 VIP and IPv6 backends are stored, dumped and deleted
-    next to the IPv4 ones (the fast path does not forward IPv6 yet)."""
+    next to the IPv4 ones."""
     c = configured
     v4 = {"vip_id": VIP_ID, "addr": VIP_ADDR, "port": 80, "proto": 6, "mode": 0, "nat_port": 0,
           "snat": False}
@@ -535,8 +544,8 @@ def test_ipv6_vip_and_backends_round_trip(configured: Client, daemon: Daemon) ->
 
 @needs_root
 def test_nat_port_and_tunnel_src_are_stored(configured: Client) -> None:
-    """Decoded, checked and reported by dump with a DSR VIP; the tunnel mode
-    itself is not served yet (a refused request changes nothing)."""
+    """nat_port and tunnel_src are decoded, checked, stored and reported by
+    dump with a DSR VIP; a refused tunnel VIP changes nothing."""
     c = configured
     c.call("set_vip", vip_id=11, addr=bytes([10, 0, 0, 11]), port=443, proto=6, mode=0,
            nat_port=8443, tunnel_src=bytes([192, 0, 2, 1]))
@@ -551,7 +560,9 @@ def test_nat_port_and_tunnel_src_are_stored(configured: Client) -> None:
     before = c.call("dump")["vips"]
     r = c.req({**V, "op": "set_vip", "vip_id": 11, "addr": bytes([10, 0, 0, 11]), "port": 443,
                "proto": 6, "mode": 2, "nat_port": 9000})
-    assert not r["ok"] and "mode not supported by this data plane" in r["error"]
+    assert not r["ok"] and (
+        "field 'tunnel_src': tunnel mode (2) needs an outer source address" if has_tunnel(c)
+        else "mode not supported by this data plane") in r["error"], r
     assert c.call("dump")["vips"] == before
     # The same key and id again rewrites the extras (as it rewrites the mode).
     c.call("set_vip", vip_id=11, addr=bytes([10, 0, 0, 11]), port=443, proto=6, mode=0)
@@ -630,17 +641,30 @@ BAD: list[tuple[Any, str]] = [
     ({**GOOD_VIP, "tunnel_src": bytes(6)},
      "field 'tunnel_src' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 6"),
     ({**GOOD_VIP, "tunnel_src": "10.0.0.1"}, "field 'tunnel_src' must be bin"),
-    ({**GOOD_VIP, "mode": 2, "tunnel_src": bytes(16)}, "mode not supported by this data plane"),
+    # tunnel fields: their own checks come before any mode rule
+    ({**GOOD_VIP, "tunnel_encap": 2}, "field 'tunnel_encap' out of range: 2 (allowed 0..1)"),
+    ({**GOOD_VIP, "mode": 2, "tunnel_encap": "gue"},
+     "field 'tunnel_encap' must be an unsigned integer, got str"),
+    ({**GOOD_VIP, "mode": 2, "tunnel_encap": 1, "gue_port": 0},
+     "field 'gue_port' out of range: 0 (allowed 1..65535)"),
+    ({**GOOD_VIP, "gue_port": 65536}, "field 'gue_port' out of range: 65536"),
+    ({**GOOD_VIP, "mode": 2, "tunnel_src_bits": 17},
+     "field 'tunnel_src_bits' out of range: 17 (allowed 0..16)"),
+    # ...and the tunnel fields with another mode, whatever the data plane serves
+    ({**GOOD_VIP, "tunnel_encap": 0},
+     "field 'tunnel_encap': only a tunnel VIP (mode 2) takes it, field 'mode' is 0"),
+    ({**GOOD_VIP, "tunnel_src": bytes(4), "gue_port": 6080},
+     "field 'gue_port': only a tunnel VIP (mode 2) takes it, field 'mode' is 0"),
+    ({**GOOD_VIP, "tunnel_src_bits": 0},
+     "field 'tunnel_src_bits': only a tunnel VIP (mode 2) takes it"),
     ({**GOOD_VIP, "addr": "10.0.0.9"}, "field 'addr' must be bin"),
     ({**GOOD_VIP, "port": 0}, "field 'port' out of range"),
     ({**GOOD_VIP, "port": 65536}, "field 'port' out of range"),
     ({**GOOD_VIP, "proto": 1}, "field 'proto'"),
-    ({**GOOD_VIP, "mode": 2}, "mode not supported by this data plane"),
     ({**GOOD_VIP, "mode": 3}, "field 'mode' out of range"),
     ({**GOOD_VIP, "snat": True}, "field 'snat': only a NAT VIP (mode 1) takes SNAT, field "
      "'mode' is 0"),
     ({**GOOD_VIP, "snat": 1}, "field 'snat' must be bool, got unsigned integer"),
-    ({**GOOD_VIP, "mode": 2, "snat": True}, "mode not supported by this data plane"),
     (_without(GOOD_VIP, "port"), "missing field 'port'"),
     (_without(GOOD_VIP, "mode"), "missing field 'mode'"),
     ({**GOOD_VIP, "vip_id": VIP_ID}, "already used by another VIP"),
@@ -738,7 +762,6 @@ NAT_BAD: list[tuple[Any, str]] = [
      "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6"),
     ({**NAT_VIP, "snat": True}, "field 'snat': no SNAT pool configured (set_nat)"),
     ({**NAT_VIP, "snat": "yes"}, "field 'snat' must be bool, got str"),
-    ({**GOOD_VIP, "mode": 2}, "field 'mode' is 2, only 0 (dsr) and 1 (nat) are implemented"),
     # set_nat: every field's bounds
     ({**SET_NAT, "snat_addrs": "198.51.100.1"}, "field 'snat_addrs' must be an array, got str"),
     ({**SET_NAT, "snat_addrs": [bytes([10, 9, 0, i]) for i in range(1, 18)]},
@@ -894,6 +917,141 @@ def test_push_with_nat(configured: Client, daemon: Daemon) -> None:
         assert push_tables(client, back, desired).summary().startswith("nat=same key=same")
         push_tables(client, back, held)  # the VIP goes first, then the pool
         assert fetch_tables(client).nat == NatConfig()
+    finally:
+        client.close()
+
+
+# --- tunnel mode -----------------------------------------------------------------
+# Against a data plane whose hello lists "tunnel"; one without it must refuse
+# every tunnel VIP as an unsupported mode instead (checked, not skipped).
+
+TUNNEL_VIP = {**GOOD_VIP, "mode": 2, "tunnel_src": bytes([192, 0, 2, 1])}
+SRC6 = bytes.fromhex("fd0000000000000000000000000000aa")  # fd00::aa
+
+# What a data plane with tunnel mode refuses: the rules in PROTOCOL.md's order.
+TUNNEL_BAD: list[tuple[Any, str]] = [
+    ({**TUNNEL_VIP, "gue_port": 6080},
+     "field 'gue_port': only GUE (tunnel_encap 1) has a UDP port, tunnel_encap is 0 (ipip)"),
+    ({**TUNNEL_VIP, "tunnel_encap": 0, "gue_port": 6080}, "field 'gue_port': only GUE"),
+    # gue_port's rule comes before tunnel_src's
+    (_without({**TUNNEL_VIP, "gue_port": 6080}, "tunnel_src"), "field 'gue_port': only GUE"),
+    (_without(TUNNEL_VIP, "tunnel_src"),
+     "field 'tunnel_src': tunnel mode (2) needs an outer source address"),
+    (_without({**TUNNEL_VIP, "tunnel_encap": 1, "snat": True}, "tunnel_src"),
+     "field 'tunnel_src': tunnel mode (2) needs an outer source address"),
+    ({**TUNNEL_VIP, "addr": VIP6_ADDR},
+     "field 'tunnel_src': an IPv6 VIP is tunnelled in IPv6 only (IPv6 inside IPv4 is not "
+     "carried), 'tunnel_src' is IPv4"),
+    ({**TUNNEL_VIP, "nat_port": 8080},
+     "field 'nat_port': only a NAT VIP (mode 1) takes a backend port, field 'mode' is 2"),
+    ({**TUNNEL_VIP, "snat": True},
+     "field 'snat': only a NAT VIP (mode 1) takes SNAT, field 'mode' is 2"),
+    # the IPv6 NAT rule comes before the tunnel fields' mode rule
+    ({**GOOD_VIP, "mode": 1, "addr": VIP6_ADDR, "tunnel_encap": 1},
+     "field 'mode': NAT mode (1) is IPv4 only"),
+]
+
+
+@needs_root
+@pytest.mark.parametrize(("request_", "needle"), TUNNEL_BAD,
+                         ids=[f"tunnel_bad{i}" for i in range(len(TUNNEL_BAD))])
+def test_rejected_tunnel(configured: Client, daemon: Daemon, request_: Any, needle: str) -> None:
+    if not has_tunnel(configured) and request_["mode"] == 2:
+        needle = "mode not supported by this data plane: field 'mode' is 2, only 0 (dsr)"
+    assert_rejected(configured, daemon, request_, needle)
+
+
+@needs_root
+def test_tunnel_vips_round_trip(configured: Client, daemon: Daemon) -> None:
+    """Tunnel VIPs (IPIP over IPv4, GUE 4-in-6 on the default port, IPv6 GUE
+    on a given port) stored, dumped with their tunnel fields, the same when
+    sent back, and plain DSR again once re-set without them. A data plane
+    without tunnel mode refuses them all and changes nothing."""
+    c = configured
+    ipip = {"vip_id": 30, "addr": bytes([10, 0, 0, 30]), "port": 80, "proto": 6, "mode": 2,
+            "tunnel_src": bytes([192, 0, 2, 1])}
+    gue46 = {"vip_id": 31, "addr": bytes([10, 0, 0, 31]), "port": 80, "proto": 17, "mode": 2,
+             "tunnel_src": SRC6, "tunnel_encap": 1, "tunnel_src_bits": 8}
+    gue6 = {"vip_id": 32, "addr": VIP6_ADDR, "port": 443, "proto": 6, "mode": 2,
+            "tunnel_src": SRC6, "tunnel_encap": 1, "gue_port": 5555, "tunnel_src_bits": 16}
+    before = snapshot(c)
+    if not has_tunnel(c):
+        for vip in (ipip, gue46, gue6):
+            r = c.req({**V, "op": "set_vip", **vip})
+            assert not r["ok"] and "mode not supported by this data plane" in r["error"], r
+        assert snapshot(c) == before
+        return
+    c.call("set_vip", **ipip, nat_port=0, slots=ring_bytes([1] * RING_SIZE))
+    c.call("set_vip", **gue46)
+    c.call("set_vip", **gue6)
+    vips = {v["vip_id"]: v for v in c.call("dump")["vips"]}
+    common = {"nat_port": 0, "snat": False}
+    assert vips[30] == {**ipip, **common, "tunnel_encap": 0, "tunnel_src_bits": 0}
+    assert vips[31] == {**gue46, **common, "gue_port": 6080}
+    assert vips[32] == {**gue6, **common}
+    assert "tunnel_encap" not in vips[VIP_ID]  # a DSR VIP has no tunnel fields
+    assert c.call("get_ring", vip_id=30)["slots"] == ring_bytes([1] * RING_SIZE)
+    if daemon.kind == "xdp" and shutil.which("bpftool"):
+        out = subprocess.run(["bpftool", "-j", "map", "dump", "pinned",
+                              str(daemon.pin_dir / "vip_map")],
+                             check=True, capture_output=True, text=True).stdout
+        assert len(json.loads(out)) == 4
+    # Each dumped VIP sent back is the same VIP.
+    held = snapshot(c)
+    for vip in vips.values():
+        c.call("set_vip", **vip)
+    assert snapshot(c) == held
+    # Re-set without the tunnel fields as DSR: they go.
+    plain = {k: v for k, v in gue46.items() if k not in ("tunnel_encap", "tunnel_src_bits")}
+    c.call("set_vip", **{**plain, "mode": 0})
+    dsr = {v["vip_id"]: v for v in c.call("dump")["vips"]}[31]
+    assert dsr == {**common, "vip_id": 31, "addr": gue46["addr"], "port": 80, "proto": 17,
+                   "mode": 0, "tunnel_src": SRC6}
+    for vip in (ipip, gue46, gue6):
+        c.call("del_vip", addr=vip["addr"], port=vip["port"], proto=vip["proto"])
+    assert snapshot(c) == before
+
+
+@needs_root
+def test_push_with_tunnel(configured: Client, daemon: Daemon) -> None:
+    """client.py and push.py against the real server: tunnel VIPs pushed, read
+    back equal by fetch_tables, a changed GUE port re-set, then taken away; a
+    data plane without tunnel mode gets a DataplaneError before any change."""
+    from hpclb.contract.tables import GUE_PORT_DEFAULT, Encap
+    from hpclb.dataplane.client import DataplaneError
+    from hpclb.dataplane.push import held_form
+
+    client = DataplaneClient(daemon.endpoint, timeout_s=10.0)
+    try:
+        held = fetch_tables(client)
+        desired = fetch_tables(client)
+        desired.vips[33] = Vip(vip_id=33, addr=ipaddress.IPv4Address("10.0.0.33"), port=80,
+                               proto=6, mode=VipMode.TUNNEL,
+                               tunnel_src=ipaddress.IPv4Address("192.0.2.7"),
+                               tunnel_encap=Encap.IPIP, tunnel_src_bits=6)
+        desired.vips[34] = Vip(vip_id=34, addr=ipaddress.IPv6Address("fd00::34"), port=443,
+                               proto=17, mode=VipMode.TUNNEL,
+                               tunnel_src=ipaddress.IPv6Address("fd00::aa"),
+                               tunnel_encap=Encap.GUE, gue_port=0, tunnel_src_bits=16)
+        for vid in (33, 34):
+            desired.rings[vid] = np.full(RING_SIZE, 2, dtype=np.uint32)
+        if not has_tunnel(configured):
+            with pytest.raises(DataplaneError, match=r"VIPs \[33, 34\] use tunnel mode"):
+                push_tables(client, held, desired)
+            assert fetch_tables(client).vips == held.vips
+            return
+        report = push_tables(client, held, desired)
+        assert report.vips_set == 2
+        back = fetch_tables(client)
+        assert back.vips[33] == desired.vips[33]
+        assert back.vips[34].gue_port == GUE_PORT_DEFAULT
+        assert back.vips == {k: held_form(v) for k, v in desired.vips.items()}
+        assert push_tables(client, back, desired).vips_set == 0
+        desired.vips[34] = dataclasses.replace(desired.vips[34], gue_port=4789)
+        assert push_tables(client, back, desired).vips_set == 1
+        assert fetch_tables(client).vips[34].gue_port == 4789
+        push_tables(client, None, held)
+        assert fetch_tables(client).vips == held.vips
     finally:
         client.close()
 

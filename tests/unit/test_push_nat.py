@@ -4,8 +4,11 @@ operations, and dump -> TableSet (Vip.snat, TableSet.nat).
 No data plane: ``FakePlane`` is a DataplaneClient whose ``call`` answers from
 tables it keeps, with the protocol server's SNAT rule (PROTOCOL.md, set_vip
 and set_nat): a VIP with ``snat`` needs a SNAT address, and the pool cannot be
-emptied while such a VIP is configured. Every request goes through the real
+emptied while such a VIP is configured; and its tunnel rules (mode 2 only on
+a plane with tunnel mode, the tunnel fields with mode 2 only, gue_port with
+GUE only, dumped for tunnel VIPs only). Every request goes through the real
 client methods, so what they put on the wire is what the fake checks.
+test_push_tunnel.py uses it too.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ NAT_DEFAULT_WIRE: dict[str, Any] = {
 class FakePlane(DataplaneClient):
     """Tables in wire form, the SNAT rule, and the log of every op."""
 
-    def __init__(self, nat: bool = True) -> None:
+    def __init__(self, nat: bool = True, tunnel: bool = True) -> None:
         super().__init__("ipc:///nonexistent")
         self.has_nat = nat
+        self.has_tunnel = tunnel
         self.ops: list[tuple[str, dict[str, Any]]] = []
         self.hash_key = bytes(16)
         self.vips: dict[int, dict[str, Any]] = {}
@@ -68,6 +72,10 @@ class FakePlane(DataplaneClient):
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         self.ops.append((op, fields))
+        if op == "hello":
+            caps = ["dsr", "patch_ring"] + ["nat"] * self.has_nat + ["tunnel"] * self.has_tunnel
+            return {"v": 2, "ok": True, "dataplane": "fake", "version": 2,
+                    "capabilities": caps}
         if op == "set_config":
             self.hash_key = fields["hash_key"]
         elif op == "set_backends":
@@ -84,6 +92,7 @@ class FakePlane(DataplaneClient):
                 raise DataplaneError("set_vip: field 'snat' must be bool")
             if fields["mode"] == 1 and not self.has_nat:
                 raise DataplaneError("set_vip: mode not supported by this data plane")
+            tunnel = self._tunnel_fields(fields)
             if snat and fields["mode"] != 1:
                 raise DataplaneError("set_vip: field 'snat': only a NAT VIP (mode 1) takes SNAT")
             if snat and not self.nat["snat_addrs"]:
@@ -97,6 +106,7 @@ class FakePlane(DataplaneClient):
             vip["snat"] = snat
             if "tunnel_src" in fields:
                 vip["tunnel_src"] = fields["tunnel_src"]
+            vip.update(tunnel)
             if fields["vip_id"] not in self.vips:
                 self.rings[fields["vip_id"]] = fields.get("slots", b"\xff" * 4 * RING_SIZE)
             self.vips[fields["vip_id"]] = vip
@@ -135,6 +145,30 @@ class FakePlane(DataplaneClient):
         else:
             raise AssertionError(f"unexpected op {op}")
         return {"v": 2, "ok": True}
+
+    def _tunnel_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """set_vip's tunnel rules (PROTOCOL.md); the fields dump reports."""
+        given = [k for k in ("tunnel_encap", "gue_port", "tunnel_src_bits") if k in fields]
+        if fields["mode"] != 2:
+            if given:
+                raise DataplaneError(f"set_vip: field '{given[0]}': only a tunnel VIP "
+                                     f"(mode 2) takes it")
+            return {}
+        if not self.has_tunnel:
+            raise DataplaneError("set_vip: mode not supported by this data plane")
+        encap = fields.get("tunnel_encap", 0)
+        assert encap in (0, 1) and 0 <= fields.get("tunnel_src_bits", 0) <= 16, fields
+        if "gue_port" in fields and encap != 1:
+            raise DataplaneError("set_vip: field 'gue_port': only GUE (tunnel_encap 1)")
+        if "tunnel_src" not in fields:
+            raise DataplaneError("set_vip: field 'tunnel_src': tunnel mode (2) needs an "
+                                 "outer source address")
+        if fields["nat_port"]:
+            raise DataplaneError("set_vip: field 'nat_port': only a NAT VIP")
+        out = {"tunnel_encap": encap, "tunnel_src_bits": fields.get("tunnel_src_bits", 0)}
+        if encap == 1:
+            out["gue_port"] = fields.get("gue_port", 6080)
+        return out
 
 
 def vip(i: int, snat: bool = False, mode: VipMode = VipMode.NAT) -> Vip:

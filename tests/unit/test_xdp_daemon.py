@@ -11,10 +11,19 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from hpclb.contract.tables import Backend, BackendState, Vip
-from hpclb.dataplane.client import DataplaneError
+from hpclb.contract.tables import (
+    IPPROTO_TCP,
+    IPPROTO_UDP,
+    Backend,
+    BackendState,
+    Encap,
+    Vip,
+    VipMode,
+)
+from hpclb.dataplane.client import DataplaneClient, DataplaneError
 from hpclb.dataplane.push import fetch_tables, push_tables
 from hpclb.dataplane.supervisor import DataplaneProcess, find_xdp_daemon
 from tests.conformance.harness import base_tables
@@ -211,9 +220,11 @@ def _kill_hard(dataplane: DataplaneProcess) -> None:
 
 
 def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path: Path) -> None:
-    """The compact IPv4 maps (vip4_map, flow_map) survive a crash and are
-    adopted with the rest, IPv4 and IPv6 VIPs alike; pins of the previous
-    layout (a 40-byte flow key, no vip4_map) are replaced, not adopted."""
+    """The compact IPv4 maps (vip4_map, flow_map) and the IPv6 flow table
+    (flow6_map) survive a crash and are adopted with the rest, IPv4 and IPv6
+    VIPs alike, a tunnel VIP's fields included; pins of previous layouts (a
+    40-byte flow key and no vip4_map; 28-byte VIP entries and no flow6_map,
+    before tunnel mode) are replaced, not adopted."""
     import shutil
 
     if shutil.which("bpftool") is None:
@@ -224,15 +235,26 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
     tables = base_tables()
     tables.vips[9] = Vip(9, ipaddress.IPv6Address("fd00::10"), 80, 6)
     tables.rings[9] = tables.rings[0].copy()
+    gue = Vip(10, ipaddress.IPv6Address("fd00::11"), 53, IPPROTO_UDP, VipMode.TUNNEL,
+              tunnel_src=ipaddress.IPv6Address("fd00:2::"), tunnel_encap=Encap.GUE,
+              gue_port=6081, tunnel_src_bits=12)
     (tmp_path / "1").mkdir()
-    first = start_daemon(netns, "va", tmp_path / "1", "--egress", "wa", "--no-attach")
+    first = start_daemon(netns, "va", tmp_path / "1", "--egress", "wa", "--no-attach",
+                         "--flow-table-size", "4096")
     try:
         push_tables(first.client, None, tables)
+        _set_tunnel_vip(first.client, gue, tables.rings[0])
+        tunnel_fields = [v for v in first.client.dump()["vips"] if v["vip_id"] == 10]
+        assert tunnel_fields and tunnel_fields[0]["gue_port"] == 6081
     finally:
         _kill_hard(first)
     assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
     assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
     assert _bpftool_show(pins / "vip_map")["bytes_key"] == 20
+    assert _bpftool_show(pins / "vip_map")["bytes_value"] == 32
+    flow6 = _bpftool_show(pins / "flow6_map")
+    assert (flow6["type"], flow6["bytes_key"], flow6["bytes_value"]) == ("lru_hash", 40, 16)
+    assert flow6["max_entries"] == _bpftool_show(pins / "flow_map")["max_entries"] == 4096
     # NAT mode's maps are pinned with the rest (tests/unit/test_xdp_nat.py
     # drives them).
     conn_map = _bpftool_show(pins / "conn_map")
@@ -241,11 +263,13 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
     assert _bpftool_show(pins / "nat_config_map")["bytes_value"] == 108
 
     (tmp_path / "2").mkdir()
-    second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach")
+    second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach",
+                          "--flow-table-size", "4096")
     try:
         held = fetch_tables(second.client)
-        assert held.vips == tables.vips
+        assert {k: v for k, v in held.vips.items() if k != 10} == tables.vips
         assert (held.rings[9] == tables.rings[9]).all()
+        assert [v for v in second.client.dump()["vips"] if v["vip_id"] == 10] == tunnel_fields
     finally:
         _kill_hard(second)
     log = (tmp_path / "2" / "hpclb-xdp.log").read_text()
@@ -269,8 +293,162 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
         assert not held.vips, "tables of the previous layout are not adopted"
         assert _bpftool_show(pins / "flow_map")["bytes_key"] == 16
         assert _bpftool_show(pins / "vip4_map")["bytes_key"] == 8
-        assert _bpftool_show(pins / "vip_map")["bytes_value"] == 28
+        assert _bpftool_show(pins / "vip_map")["bytes_value"] == 32
     finally:
         log = stop_daemon(third)
     assert "adopted the pinned tables" not in log, log
     assert "removing stale pins" in log, log
+
+    # The layout before tunnel mode: VIP entries of 28 bytes in both VIP
+    # maps, no flow6_map (the rest as now).
+    (tmp_path / "4").mkdir()
+    fourth = start_daemon(netns, "va", tmp_path / "4", "--egress", "wa", "--no-attach")
+    try:
+        push_tables(fourth.client, None, tables)
+    finally:
+        _kill_hard(fourth)
+    for name, key in (("vip_map", "20"), ("vip4_map", "8")):
+        (pins / name).unlink()
+        subprocess.run(["bpftool", "map", "create", str(pins / name), "type", "hash", "key",
+                        key, "value", "28", "entries", "64", "name", name], check=True)
+    (pins / "flow6_map").unlink()
+    (tmp_path / "5").mkdir()
+    fifth = start_daemon(netns, "va", tmp_path / "5", "--egress", "wa", "--no-attach")
+    try:
+        held = fetch_tables(fifth.client)
+        assert not held.vips, "tables of the layout before tunnel mode are not adopted"
+        assert _bpftool_show(pins / "vip_map")["bytes_value"] == 32
+        assert _bpftool_show(pins / "vip4_map")["bytes_value"] == 32
+        assert _bpftool_show(pins / "flow6_map")["bytes_key"] == 40
+    finally:
+        log = stop_daemon(fifth)
+    assert "adopted the pinned tables" not in log, log
+    assert "removing stale pins" in log, log
+
+
+# ---- IPv6 and tunnel mode through the pinned program ------------------------
+
+def _set_tunnel_vip(client: DataplaneClient, vip: Vip, ring: np.ndarray) -> None:
+    """set_vip with every tunnel field, whatever the client's set_vip sends."""
+    assert vip.tunnel_src is not None
+    extra = {"gue_port": vip.gue_port} if vip.tunnel_encap == Encap.GUE else {}
+    client.call("set_vip", vip_id=vip.vip_id, addr=vip.addr.packed, port=vip.port,
+                proto=vip.proto, mode=int(VipMode.TUNNEL), nat_port=0,
+                tunnel_src=vip.tunnel_src.packed, tunnel_encap=int(vip.tunnel_encap),
+                tunnel_src_bits=vip.tunnel_src_bits, slots=ring.astype("<u4").tobytes(),
+                **extra)
+
+
+def _counters(client: DataplaneClient) -> dict[str, int]:
+    return {k: int(v) for k, v in client.stats()["counters"].items()}
+
+
+def test_ipv6_dsr_and_tunnels_through_the_pinned_program(netns: str, tmp_path: Path) -> None:
+    """Frames through the daemon's own lb_xdp (BPF_PROG_TEST_RUN): an IPv6 DSR
+    flow keeps its backend across a ring change (flow6_map); IPIP over IPv4
+    and GUE over IPv6 come out with the outer headers lb_encap.h specifies,
+    built here independently of the model; a tunnel VIP whose backend is of
+    the other family than its tunnel source is dropped as drop_encap."""
+    from scapy.layers.inet import IP, TCP, UDP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+
+    from hpclb.lab.bpf_testrun import PinnedXdpProgram
+    from tests.conformance.harness import ring
+
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    dataplane = start_daemon(netns, "va", tmp_path, "--egress", "wa", "--no-attach")
+    client = dataplane.client
+    prog = PinnedXdpProgram(f"/sys/fs/bpf/hpclb/test-{netns}/lb_xdp")
+    try:
+        hello = client.hello()
+        assert "tunnel" in hello["capabilities"]
+        port_mac = ":".join(f"{b:02x}" for b in bytes(hello["ports"][0]["mac"]))
+        tables = base_tables()
+        b6 = {bid: Backend(bid, ipaddress.IPv6Address(f"fd00:1::{bid}"), f"02:00:00:00:06:{bid}")
+              for bid in (40, 41)}
+        b4 = Backend(42, ipaddress.IPv4Address("10.1.8.0"), "02:00:00:00:04:42")
+        tables.backends.update(b6)
+        tables.backends[42] = b4
+        vip6 = Vip(9, ipaddress.IPv6Address("fd00::10"), 80, IPPROTO_TCP)
+        tables.vips[9] = vip6
+        tables.rings[9] = ring({40: 1.0})
+        push_tables(client, None, tables)
+        ipip = Vip(10, ipaddress.IPv4Address("198.18.9.10"), 80, IPPROTO_TCP, VipMode.TUNNEL,
+                   tunnel_src=ipaddress.IPv4Address("172.16.0.0"), tunnel_src_bits=4)
+        gue6 = Vip(11, ipaddress.IPv6Address("fd00::11"), 53, IPPROTO_UDP, VipMode.TUNNEL,
+                   tunnel_src=ipaddress.IPv6Address("fd00:2::"), tunnel_encap=Encap.GUE,
+                   gue_port=6080)
+        mixed = Vip(12, ipaddress.IPv4Address("198.18.9.12"), 80, IPPROTO_TCP, VipMode.TUNNEL,
+                    tunnel_src=ipaddress.IPv4Address("172.16.0.1"))
+        client_mac = "02:aa:00:00:00:01"
+
+        # IPv6 DSR, pinned in flow6_map: it stays on backend 40 when the
+        # ring moves to 41; a new flow takes 41.
+        def six(sport: int) -> bytes:
+            return bytes(Ether(src=client_mac, dst=port_mac)
+                         / IPv6(src="fd00:99::1", dst="fd00::10")
+                         / TCP(sport=sport, dport=80))
+        before = _counters(client)
+        action, out = prog.run(six(1000))
+        assert (action, out[:12]) == ("tx", bytes.fromhex("020000000640") + bytes.fromhex(
+            port_mac.replace(":", "")))
+        assert out[12:] == six(1000)[12:]
+        moved = dict(tables.rings)
+        moved[9] = ring({41: 1.0})
+        moved_tables = replace(tables, rings=moved)
+        push_tables(client, fetch_tables(client), moved_tables)
+        assert prog.run(six(1000))[1][:6] == bytes.fromhex("020000000640"), "flow kept"
+        assert prog.run(six(1001))[1][:6] == bytes.fromhex("020000000641"), "new flow moved"
+        after = _counters(client)
+        assert after["flow_new"] - before["flow_new"] == 2
+        assert after["flow_hit"] - before["flow_hit"] == 1
+        assert after["fwd_tx"] - before["fwd_tx"] == 3
+
+        # After the push above, which would delete them (a TableSet push
+        # sends set_vip through the client's own fields).
+        _set_tunnel_vip(client, ipip, ring({42: 1.0}))
+        _set_tunnel_vip(client, gue6, ring({41: 1.0}))
+        _set_tunnel_vip(client, mixed, ring({41: 1.0}))
+
+        # IPIP over IPv4: the outer header field by field (lb_encap.h).
+        inner = IP(src="10.9.0.5", dst="198.18.9.10", tos=0x2E, ttl=33) / TCP(sport=4242,
+                                                                              dport=80)
+        action, out = prog.run(bytes(Ether(src=client_mac, dst=port_mac) / inner))
+        flow_bits = 0x0A09 ^ 0x0005 ^ 4242
+        want = (Ether(dst="02:00:00:00:04:42", src=port_mac)
+                / IP(version=4, ihl=5, tos=0x2E, len=20 + len(inner), id=0, flags="DF",
+                     frag=0, ttl=64, proto=4, src=f"172.16.0.{flow_bits & 0xF}",
+                     dst="10.1.8.0")
+                / inner)
+        assert action == "tx"
+        assert out.hex() == bytes(want).hex()
+
+        # GUE over IPv6, inner IPv6: flow label, UDP source port, zero checksum.
+        inner6 = IPv6(src="fd00:99::7", dst="fd00::11", tc=0xB8) / UDP(sport=5353, dport=53)
+        action, out = prog.run(bytes(Ether(src=client_mac, dst=port_mac) / inner6))
+        bits = 0xFD00 ^ 0x0099 ^ 0x0007 ^ 5353
+        got = Ether(out)
+        assert action == "tx"
+        assert (got.dst, got.src, got.type) == ("02:00:00:00:06:41", port_mac, 0x86DD)
+        outer = got[IPv6]
+        assert (outer.tc, outer.fl, outer.nh, outer.hlim, outer.src, outer.dst) == (
+            0xB8, bits, 17, 64, "fd00:2::", "fd00:1::41")
+        assert outer.plen == 8 + len(inner6)
+        udp = outer.payload
+        assert (udp.sport, udp.dport, udp.len, udp.chksum) == (
+            49152 + (bits & 0x3FFF), 6080, 8 + len(inner6), 0)
+        assert bytes(udp.payload) == bytes(inner6)
+
+        # An IPv4 tunnel source with an IPv6 backend: not encapsulated.
+        before = _counters(client)
+        frame = bytes(Ether(src=client_mac, dst=port_mac)
+                      / IP(src="10.9.0.6", dst="198.18.9.12") / TCP(sport=1, dport=80))
+        assert prog.run(frame) == ("drop", frame)
+        after = _counters(client)
+        assert after["drop_encap"] - before["drop_encap"] == 1
+        assert after["tunnel_encap"] - before["tunnel_encap"] == 0
+    finally:
+        prog.close()
+        stop_daemon(dataplane)

@@ -5,12 +5,25 @@ forwarder must give, for every case, the verdict, the output frame and the
 backend this model gives. It follows ``dataplane/xdp/lb.bpf.c`` step by step
 and is written for clarity, not speed.
 
-The tables are family-aware (table protocol 2: a VIP or backend may be IPv6),
-the fast paths are not yet: every IPv6 frame, one to a configured IPv6 VIP
-included, passes to the kernel as ``pass_not_ipv4``, exactly as the data
-planes do. Only IPv4 VIPs match IPv4 frames.
+What is balanced: untagged IPv4 and untagged IPv6 (``lb_parse_untagged``;
+IPv6's parse, the bounded extension-header walk, is ``parse.py``). A tagged
+or non-IP frame passes as ``pass_not_ipv4``; an IPv6 packet with more than
+eight extension headers passes unparsed as ``pass_ext_headers``; fragments of
+either family pass as ``pass_fragment``; ICMP, ICMPv6 (NDP included) and
+other protocols as ``pass_not_vip``, like TCP/UDP to no VIP. The DPDK
+forwarder (``answers_arp``) answers ARP requests and Neighbor Solicitations
+for VIP addresses itself (``arp_reply``, ``ndp_reply``).
 
-NAT mode (a VIP with ``VipMode.NAT``) is the stateful gateway of
+DSR mode forwards either family the same way: the flow (the 5-tuple; an IPv4
+flow hashes as protocol 1's tuple, an IPv6 one its 40-byte key, both in
+``flowhash.py``) is pinned to a backend picked on the VIP's ring, and only
+the MACs change. Tunnel mode (``VipMode.TUNNEL``) picks and pins exactly as
+DSR, then puts outer IPIP or GUE headers in front of the untouched IP
+packet (``encap.py``, the port of ``lb_encap.h``), counted ``tunnel_encap``;
+a pair it cannot encapsulate (IPv6 in IPv4, a tunnel source of another
+family than the backend's) is dropped as ``drop_encap``.
+
+NAT mode (a VIP with ``VipMode.NAT``, IPv4 only) is the stateful gateway of
 ``dataplane/common/lb_conn.h``, whose header comment is its specification;
 the packet rewrites are ``lb_nat.h``'s, ported here byte for byte (RFC 1624
 incremental checksum updates, never a recomputation: a wrong incoming
@@ -29,7 +42,9 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hpclb.contract.encap import encap_headers, encap_prepare, inner_tos
 from hpclb.contract.flowhash import flow_hash, probe_slot
+from hpclb.contract.parse import ParseVerdict, parse_ipv6
 from hpclb.contract.tables import (
     CONN_EVICT_TRIES,
     CONN_F_SNAT,
@@ -40,6 +55,7 @@ from hpclb.contract.tables import (
     NO_BACKEND,
     RING_PROBES,
     SNAT_PROBES,
+    Backend,
     BackendState,
     ConnState,
     NatDown,
@@ -52,13 +68,32 @@ from hpclb.contract.tables import (
 ETH_HLEN = 14
 ETH_P_IP = 0x0800
 ETH_P_ARP = 0x0806
+ETH_P_IPV6 = 0x86DD
 ARP_REQUEST_HEAD = bytes.fromhex("0001080006040001")  # Ethernet/IPv4, hlen 6, plen 4, request
 ARP_LEN = 28
 IP_MF = 0x2000
 IP_OFFSET = 0x1FFF
 IPPROTO_ICMP = 1
+IPPROTO_ICMPV6 = 58
 
 FlowTuple = tuple[int, int, int, int, int]  # saddr, daddr, sport, dport, proto (host ints)
+#: A DSR/tunnel flow-table key: an IPv4 flow's addresses as host ints (a
+#: FlowTuple), an IPv6 flow's as their 16 packed bytes.
+FlowKey = tuple[int | bytes, int | bytes, int, int, int]
+
+# NDP (RFC 4861): the Neighbor Solicitation the DPDK forwarder answers for a
+# VIP address, and its Neighbor Advertisement.
+ND_NEIGHBOR_SOLICIT = 135
+ND_NEIGHBOR_ADVERT = 136
+ND_NS_MIN_LEN = 24  # type, code, checksum, reserved, target
+ND_HOP_LIMIT = 255
+ND_NA_S = 0x40000000  # Solicited
+ND_NA_O = 0x20000000  # Override
+ND_OPT_SOURCE_LLADDR = 1
+ND_OPT_TARGET_LLADDR = 2
+ND_MAX_OPTS = 64  # options a solicitation may carry and still be answered
+ALL_NODES = ipaddress.IPv6Address("ff02::1")
+ALL_NODES_MAC = bytes.fromhex("333300000001")
 
 
 @dataclass(frozen=True)
@@ -71,7 +106,8 @@ class Verdict:
     backend_id: int | None = None
     port: int = 0  # the egress port (tx and redirect)
     #: The other counters this frame moved besides rx and ``reason``: NAT
-    #: mode's conn_* and nat_icmp (flow_* are not modelled).
+    #: mode's conn_* and nat_icmp, tunnel mode's tunnel_encap (flow_* are
+    #: not modelled).
     events: tuple[str, ...] = ()
 
 
@@ -160,6 +196,31 @@ def conn_translate(buf: bytearray, l3: int, key: FlowTuple, peer: FlowTuple) -> 
         nat4_rewrite(buf, l3, proto, NAT_DST, psaddr, psport)
     if saddr != pdaddr or sport != pdport:
         nat4_rewrite(buf, l3, proto, NAT_SRC, pdaddr, pdport)
+
+
+def icmpv6_csum(src: ipaddress.IPv6Address, dst: ipaddress.IPv6Address, msg: bytes) -> int:
+    """RFC 4443's ICMPv6 checksum of ``msg`` (its checksum field 0): the
+    one's-complement sum over the RFC 8200 pseudo-header and the message."""
+    data = src.packed + dst.packed + struct.pack("!IxxxB", len(msg), IPPROTO_ICMPV6) + msg
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(w for (w,) in struct.iter_unpack("!H", data))
+    return ~csum_fold(s) & 0xFFFF
+
+
+def nd_options(opts: bytes) -> int | None:
+    """fwd_packet.c's nd_opts: how many source link-layer address options
+    a solicitation's options hold, None when they are invalid (RFC 4861
+    7.1.1: one of length 0 or past the message; or more than 64)."""
+    slla = 0
+    for _ in range(ND_MAX_OPTS):
+        if not opts:
+            break
+        if len(opts) < 2 or opts[1] == 0 or opts[1] * 8 > len(opts):
+            return None
+        slla += opts[0] == ND_OPT_SOURCE_LLADDR
+        opts = opts[opts[1] * 8 :]
+    return None if opts else slla
 
 
 # ---- ICMP errors (lb_nat.h) -------------------------------------------------
@@ -359,7 +420,7 @@ class Model:
 
     tables: TableSet
     port_macs: list[str]  # index 0 = the ingress port
-    flows: dict[FlowTuple, int] = field(default_factory=dict)
+    flows: dict[FlowKey, int] = field(default_factory=dict)
     # The DPDK forwarder owns the port, so it answers ARP for VIP addresses
     # (and SNAT pool addresses) itself; XDP leaves ARP to the kernel, which
     # holds them.
@@ -391,6 +452,47 @@ class Model:
         reply = (bytes.fromhex("0001080006040002") + mac + target_ip + sender_mac + sender_ip)
         return sender_mac + mac + frame[12:14] + reply + frame[ETH_HLEN + ARP_LEN :]
 
+    def _ndp_reply(self, frame: bytes, ip_len: int, in_port: int) -> bytes | None:
+        """The Neighbor Advertisement answering a Neighbor Solicitation for an
+        IPv6 VIP address (RFC 4861 7.2.4), as the DPDK forwarder builds it
+        (fwd_packet.c's ndp), or None (the kernel's: pass_not_vip).
+
+        Answered: ICMPv6 right after the IPv6 header (no extension header),
+        the ``ip_len``-byte packet holding a whole solicitation (24 bytes),
+        hop limit 255, type 135 code 0, a right checksum, a VIP's address
+        as the target, valid options (none of length 0, none past the
+        message, at most 64), no source link-layer option from the
+        unspecified address. The answer replaces the frame (86 bytes, any
+        trailer gone): from the port's MAC and the target, with the target
+        link-layer option; to the solicitation's source and its MAC, flags
+        Solicited|Override; duplicate address detection (source ::) is
+        answered to all-nodes (ff02::1, 33:33:00:00:00:01), Override only."""
+        ip = frame[ETH_HLEN:]
+        if ip[6] != IPPROTO_ICMPV6 or ip_len < 40 + ND_NS_MIN_LEN:
+            return None
+        src = ipaddress.IPv6Address(ip[8:24])
+        dst = ipaddress.IPv6Address(ip[24:40])
+        icmp = ip[40:ip_len]
+        target = ipaddress.IPv6Address(icmp[8:24])
+        vip_addrs = {vip.addr for vip in self.tables.vips.values() if vip.addr.version == 6}
+        if (ip[7] != ND_HOP_LIMIT or icmp[0] != ND_NEIGHBOR_SOLICIT or icmp[1] != 0
+                or icmpv6_csum(src, dst, icmp) != 0 or target not in vip_addrs):
+            return None
+        slla = nd_options(icmp[ND_NS_MIN_LEN:])
+        dad = src.is_unspecified
+        if slla is None or (dad and slla) or in_port >= len(self.port_macs):
+            return None
+        mac = mac_bytes(self.port_macs[in_port])
+        to = ALL_NODES if dad else src
+        flags = ND_NA_O if dad else ND_NA_S | ND_NA_O
+        na = bytearray(struct.pack("!BBHI16sBB6s", ND_NEIGHBOR_ADVERT, 0, 0, flags,
+                                   target.packed, ND_OPT_TARGET_LLADDR, 1, mac))
+        struct.pack_into("!H", na, 2, icmpv6_csum(target, to, bytes(na)))
+        ip6 = struct.pack("!IHBB16s16s", 6 << 28, len(na), IPPROTO_ICMPV6, ND_HOP_LIMIT,
+                          target.packed, to.packed)
+        eth_dst = ALL_NODES_MAC if dad else frame[6:12]
+        return eth_dst + mac + struct.pack("!H", ETH_P_IPV6) + ip6 + bytes(na)
+
     # ---- backends --------------------------------------------------------------
 
     def _backend_state(self, backend_id: int) -> BackendState:
@@ -413,7 +515,7 @@ class Model:
                 return backend_id
         return NO_BACKEND
 
-    def _pick(self, vip_id: int, flow: FlowTuple) -> int:
+    def _pick(self, vip_id: int, flow: FlowKey) -> int:
         return self._pick_hashed(vip_id, flow_hash(self.tables.hash_key, *flow))
 
     # ---- the frame ---------------------------------------------------------------
@@ -437,7 +539,9 @@ class Model:
             reply = self._arp_reply(frame, in_port)
             if reply is not None:
                 return Verdict("tx", "arp_reply", reply, port=in_port)
-        if ethertype != ETH_P_IP:  # IPv6 too: not forwarded yet, whatever the tables hold
+        if ethertype == ETH_P_IPV6:
+            return self._ipv6(frame, in_port)
+        if ethertype != ETH_P_IP:  # ARP, a VLAN tag, ...
             return verdict("pass", "pass_not_ipv4")
         ip = frame[ETH_HLEN:]
         if len(ip) < 20:
@@ -475,9 +579,38 @@ class Model:
             return self._nat_reply(frame, flow, tcp_flags_of(ip, ihl, proto), in_port)
         if vip.mode == VipMode.NAT:
             return self._nat_orig(frame, flow, vip, tcp_flags_of(ip, ihl, proto), in_port)
-        return self._dsr(frame, flow, vip, in_port)
+        return self._dsr(frame, flow, vip, in_port, total_length)
 
-    def _dsr(self, frame: bytes, flow: FlowTuple, vip: Vip, in_port: int) -> Verdict:
+    def _ipv6(self, frame: bytes, in_port: int) -> Verdict:
+        """An untagged IPv6 frame: lb_parse_ipv6's verdict, then DSR or tunnel
+        mode for TCP/UDP to an IPv6 VIP (NAT VIPs are IPv4 only)."""
+        p = parse_ipv6(frame[ETH_HLEN:])
+        if p.verdict == ParseVerdict.MALFORMED:
+            return Verdict("drop", "drop_malformed", frame)
+        if p.verdict == ParseVerdict.EXT_TOO_LONG:
+            return Verdict("pass", "pass_ext_headers", frame)
+        if p.verdict == ParseVerdict.FRAGMENT:
+            return Verdict("pass", "pass_fragment", frame)
+        if p.verdict == ParseVerdict.UNSUPPORTED_L4:
+            if p.proto == IPPROTO_ICMPV6 and self.answers_arp:
+                reply = self._ndp_reply(frame, p.length, in_port)
+                if reply is not None:
+                    return Verdict("tx", "ndp_reply", reply, port=in_port)
+            return Verdict("pass", "pass_not_vip", frame)
+        assert p.src is not None and p.dst is not None
+        vip = self.tables.vip_for(p.dst, p.dport, p.proto)
+        if vip is None:
+            return Verdict("pass", "pass_not_vip", frame)
+        if vip.mode == VipMode.NAT:
+            raise ValueError(f"VIP {vip.vip_id}: NAT mode is IPv4 only (the protocol refuses it)")
+        flow: FlowKey = (p.src.packed, p.dst.packed, p.sport, p.dport, p.proto)
+        return self._dsr(frame, flow, vip, in_port, p.length)
+
+    def _dsr(self, frame: bytes, flow: FlowKey, vip: Vip, in_port: int,
+             ip_len: int) -> Verdict:
+        """DSR and tunnel mode: the flow's pinned backend, or one picked on
+        the ring and pinned; then the MACs rewritten (DSR) or the outer
+        headers put in front (tunnel). ``ip_len``: the IP packet's length."""
         backend_id = self.flows.get(flow)
         if backend_id is not None and not self._serving(backend_id):
             backend_id = None  # pinned to a down backend: re-hash (task migration)
@@ -492,10 +625,30 @@ class Model:
         port = backend.port or in_port
         if port >= len(self.port_macs):
             return Verdict("drop", "drop_tx_error", frame)
-        out = mac_bytes(backend.mac) + mac_bytes(self.port_macs[port]) + frame[12:]
+        events: tuple[str, ...] = ()
+        if vip.mode == VipMode.TUNNEL:
+            head = self._encap(frame, flow, vip, backend, port, ip_len)
+            if head is None:
+                return Verdict("drop", "drop_encap", frame)
+            out = head + frame[ETH_HLEN:]  # the IP packet as it came, padding and all
+            events = ("tunnel_encap",)
+        else:
+            out = mac_bytes(backend.mac) + mac_bytes(self.port_macs[port]) + frame[12:]
         if backend.port == 0:
-            return Verdict("tx", "fwd_tx", out, backend_id, port)
-        return Verdict("redirect", "fwd_redirect", out, backend_id, port)
+            return Verdict("tx", "fwd_tx", out, backend_id, port, events)
+        return Verdict("redirect", "fwd_redirect", out, backend_id, port, events)
+
+    def _encap(self, frame: bytes, flow: FlowKey, vip: Vip, backend: Backend, port: int,
+               ip_len: int) -> bytes | None:
+        """lb_encap_prepare + lb_encap_write: the Ethernet and outer headers
+        for this frame to ``backend``, or None (drop_encap)."""
+        saddr = flow[0]
+        src = (ipaddress.IPv4Address(saddr) if isinstance(saddr, int)
+               else ipaddress.IPv6Address(saddr))
+        plan = encap_prepare(src, flow[2], ip_len, inner_tos(frame[ETH_HLEN:]), vip, backend)
+        if plan is None:
+            return None
+        return encap_headers(plan, mac_bytes(backend.mac), mac_bytes(self.port_macs[port]))
 
     # ---- NAT mode ------------------------------------------------------------------
 

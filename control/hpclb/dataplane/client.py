@@ -15,13 +15,16 @@ import zmq
 
 from hpclb.contract.tables import (
     CONN_STATE_NAMES,
+    GUE_PORT_DEFAULT,
     PROTOCOL_VERSION,
     RING_PATCH_DTYPE,
     Backend,
     BackendState,
+    Encap,
     IPAddress,
     NatConfig,
     Vip,
+    VipMode,
     mac_bytes,
 )
 
@@ -54,6 +57,24 @@ def check_version(reply: dict[str, Any]) -> None:
         raise version_mismatch(reply.get("v"))
     if "version" in reply and reply["version"] != PROTOCOL_VERSION:
         raise version_mismatch(reply["version"])
+
+
+def tunnel_fields(vip: Vip) -> dict[str, int]:
+    """set_vip's tunnel fields for ``vip`` (PROTOCOL.md, set_vip): all of them
+    for a tunnel VIP (``gue_port`` with GUE only, ``GUE_PORT_DEFAULT`` when 0);
+    for another mode none, unless the Vip sets one, which is then sent for the
+    data plane to refuse with its error rather than silently dropped."""
+    tunnel = vip.mode == VipMode.TUNNEL
+    fields: dict[str, int] = {}
+    if tunnel or vip.tunnel_encap != Encap.IPIP:
+        fields["tunnel_encap"] = int(vip.tunnel_encap)
+    if vip.gue_port:
+        fields["gue_port"] = int(vip.gue_port)
+    elif tunnel and vip.tunnel_encap == Encap.GUE:
+        fields["gue_port"] = GUE_PORT_DEFAULT
+    if tunnel or vip.tunnel_src_bits:
+        fields["tunnel_src_bits"] = int(vip.tunnel_src_bits)
+    return fields
 
 
 class DataplaneClient:
@@ -122,6 +143,7 @@ class DataplaneClient:
             fields["tunnel_src"] = vip.tunnel_src.packed
         if vip.snat:  # only when set: a request without it reads as before
             fields["snat"] = True
+        fields.update(tunnel_fields(vip))
         if ring is not None:
             fields["slots"] = ring.astype("<u4").tobytes()
         self.call("set_vip", **fields)

@@ -17,10 +17,17 @@ deletions every VIP left is one ``desired`` keeps unchanged, and before the
 additions none of the new or changed VIPs exists yet: so a new or grown pool
 is there before the VIPs that need it, and a pool is emptied only once the
 VIPs that used it are gone.
+
+Tunnel VIPs go only to a data plane whose ``hello`` lists the ``"tunnel"``
+capability: ``push_tables`` asks (one ``hello``, only when a tunnel VIP is
+to be set) and refuses before any change otherwise. VIPs compare as the data
+plane holds them (``held_form``): a GUE VIP whose ``gue_port`` is 0 is the
+one with ``GUE_PORT_DEFAULT``, so the diff does not re-set it every push.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +35,10 @@ from typing import Any
 from hpclb.contract.ringdiff import diff_tables
 from hpclb.contract.tables import (
     CONN_STATE_NAMES,
+    GUE_PORT_DEFAULT,
     Backend,
     BackendState,
+    Encap,
     NatConfig,
     NatDown,
     TableSet,
@@ -38,7 +47,7 @@ from hpclb.contract.tables import (
     addr_from_wire,
     mac_str,
 )
-from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.client import DataplaneClient, DataplaneError
 
 
 @dataclass
@@ -81,6 +90,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
             f"the data plane's ring has {current.ring_size} slots, the configuration "
             f"{desired.ring_size}: the data plane must be restarted to change it"
         )
+    _check_tunnel_support(client, current, desired)
     if current.hash_key != desired.hash_key:
         client.set_config(desired.hash_key)
         report.config_set = True
@@ -97,7 +107,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     # Delete first: a VIP whose key moved to another id must be gone before
     # the new id claims the key.
     for vip_id, vip in old_vips.items():
-        if desired.vips.get(vip_id) != vip:
+        if not _same_vip(desired.vips.get(vip_id), vip):
             client.del_vip(vip.addr, vip.port, vip.proto)
             report.vips_deleted += 1
     # Between the deletions and the additions: see the module's docstring.
@@ -106,7 +116,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
         report.nat_set = True
     for vip_id, vip in desired.vips.items():
         ring = desired.rings[vip_id]
-        if old_vips.get(vip_id) != vip:
+        if not _same_vip(old_vips.get(vip_id), vip):
             # The ring travels with the VIP: no packet finds the VIP ringless.
             client.set_vip(vip, ring)
             report.vips_set += 1
@@ -125,6 +135,39 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     for bid in removed:
         client.set_backend_state(bid, BackendState.UNUSED)
     return report
+
+
+def held_form(vip: Vip) -> Vip:
+    """``vip`` as a data plane holds it once set (what ``fetch_tables`` reads
+    back): a tunnel VIP with GUE and ``gue_port`` 0 gets ``GUE_PORT_DEFAULT``,
+    as set_vip sends it."""
+    if vip.mode == VipMode.TUNNEL and vip.tunnel_encap == Encap.GUE and not vip.gue_port:
+        return dataclasses.replace(vip, gue_port=GUE_PORT_DEFAULT)
+    return vip
+
+
+def _same_vip(a: Vip | None, b: Vip | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return held_form(a) == held_form(b)
+
+
+def _check_tunnel_support(client: DataplaneClient, current: TableSet,
+                          desired: TableSet) -> None:
+    """Refuse, before any change, tunnel VIPs to be set on a data plane whose
+    hello lacks the "tunnel" capability (its set_vip would refuse them one by
+    one, after the deletions and backends went through)."""
+    to_set = sorted(vid for vid, vip in desired.vips.items()
+                    if vip.mode == VipMode.TUNNEL and not _same_vip(current.vips.get(vid), vip))
+    if not to_set:
+        return
+    hello = client.hello()
+    caps = [str(c) for c in hello.get("capabilities", ())]
+    if "tunnel" not in caps:
+        raise DataplaneError(
+            f"VIPs {to_set} use tunnel mode, which the {hello.get('dataplane', '?')} data "
+            f"plane lacks (its capabilities: {', '.join(caps) or 'none'})"
+        )
 
 
 def _nat_key(nat: NatConfig) -> tuple[object, ...]:
@@ -174,6 +217,9 @@ def fetch_tables(client: DataplaneClient) -> TableSet:
             nat_port=int(v.get("nat_port", 0)),
             tunnel_src=addr_from_wire(bytes(v["tunnel_src"])) if "tunnel_src" in v else None,
             snat=bool(v.get("snat", False)),
+            tunnel_encap=Encap(int(v.get("tunnel_encap", Encap.IPIP))),
+            gue_port=int(v.get("gue_port", 0)),
+            tunnel_src_bits=int(v.get("tunnel_src_bits", 0)),
         )
         tables.vips[vip.vip_id] = vip
         tables.rings[vip.vip_id] = client.get_ring(vip.vip_id)

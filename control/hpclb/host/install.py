@@ -71,6 +71,7 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("pass.bpf.o"),
     Output("reflect.bpf.o"),
     Output("sink.bpf.o"),
+    Output("decap.bpf.o"),
 )}
 
 

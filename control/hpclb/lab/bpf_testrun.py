@@ -12,6 +12,16 @@ kernel resolves the index in the calling thread's network namespace, so the
 caller runs the test inside the namespace the interface lives in
 (``hpclb.host.netns.inside``). Without one, the kernel runs the program "on"
 the loopback device of the caller's namespace, as before.
+
+``run_live`` runs a program in live-frame mode (BPF_F_TEST_XDP_LIVE_FRAMES,
+for perf/packet_cost.py): the kernel carries out the verdicts, XDP_TX
+really transmits out of the ingress interface (as a redirect to it: the
+device needs ndo_xdp_xmit; a veth, whose peer runs an XDP program), and
+nothing comes back but the time. Frames live in pages of a pool the size of
+a batch; a recycled page is handed to the program with data and data_end
+reset but its bytes as the program left them, so from the second batch on a
+program that rewrites frames sees its own output (the caller designs its
+frames for that, or runs one batch per call: fresh pages only).
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
 
+BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+LIVE_BATCH_MAX = 256  # the kernel's TEST_XDP_MAX_BATCH
 XDP_ACTIONS = {0: "aborted", 1: "drop", 2: "pass", 3: "tx", 4: "redirect"}
 
 
@@ -125,6 +137,28 @@ class PinnedXdpProgram:
         self._bpf(BPF_PROG_TEST_RUN, attr)
         action = XDP_ACTIONS.get(attr.retval, f"unknown({attr.retval})")
         return action, data_out.raw[: attr.data_size_out], int(attr.duration)
+
+    def run_live(self, frame: bytes, repeat: int, ingress_ifindex: int,
+                 batch_size: int = 64) -> int:
+        """Run ``repeat`` times in live-frame mode "on" ``ingress_ifindex``
+        (which must exist in the calling thread's namespace), in batches of
+        ``batch_size``; return the kernel's mean ns per run."""
+        if not 1 <= batch_size <= LIVE_BATCH_MAX:
+            raise ValueError(f"batch_size {batch_size}: 1..{LIVE_BATCH_MAX}")
+        data_in = ctypes.create_string_buffer(frame, len(frame))
+        ctx = _XdpMd(data=0, data_end=len(frame), ingress_ifindex=ingress_ifindex)
+        attr = _TestRunAttr(
+            prog_fd=self.fd,
+            data_size_in=len(frame),
+            data_in=ctypes.addressof(data_in),
+            repeat=repeat,
+            ctx_size_in=ctypes.sizeof(ctx),
+            ctx_in=ctypes.addressof(ctx),
+            flags=BPF_F_TEST_XDP_LIVE_FRAMES,
+            batch_size=batch_size,
+        )
+        self._bpf(BPF_PROG_TEST_RUN, attr)
+        return int(attr.duration)
 
     def close(self) -> None:
         if self.fd >= 0:
