@@ -679,6 +679,34 @@ def test_run_refuses_bad_setup(tmp_path: Path, capsys: pytest.CaptureFixture[str
         agent_main.main([*base, *secret, "--base-interval", "-1"])
 
 
+@pytest.mark.parametrize(("text", "endpoint"), [
+    ("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5557"),
+    ("10.0.0.1:5557", "tcp://10.0.0.1:5557"),
+    ("tcp://gateway.cluster:5557", "tcp://gateway.cluster:5557"),
+    ("tcp://[fd00::1]:5557", "tcp://[fd00::1]:5557"),
+    ("[::1]:1", "tcp://[::1]:1"),
+])
+def test_connect_endpoint_forms(text: str, endpoint: str) -> None:
+    assert agent_main.endpoint(text) == endpoint
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tcp://fd00::1:5557", "an IPv6 address goes in brackets"),
+    ("tcp://[fd00::zz]:5557", "not an IPv6 address in brackets"),
+    ("tcp://[10.0.0.1]:5557", "not an IPv6 address in brackets"),
+    ("tcp://10.0.0.1:0", "port 0 is not 1-65535"),
+    ("tcp://10.0.0.1:70000", "port 70000 is not 1-65535"),
+    ("ipc:///run/x", "is not tcp://HOST:PORT"),
+    ("10.0.0.1", "is not tcp://HOST:PORT"),
+])
+def test_connect_endpoint_refused_with_a_reason(text: str, message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        agent_main.main(["run", "--connect", text, "--node-id", "n1", "--server-key", "s",
+                         "--key", "k"])
+    assert message in capsys.readouterr().err
+
+
 def test_sample_prints_one_message(capsys: pytest.CaptureFixture[str]) -> None:
     rc = agent_main.main(["sample", "--node-id", "n1", "--window", "0.2", "--require-gpu"])
     out = json.loads(capsys.readouterr().out)

@@ -82,7 +82,8 @@ def test_base_is_valid() -> None:
     assert cfg.vips[0].protocol is VipProtocol.TCP and cfg.vips[0].protocol.number == 6
 
 
-@pytest.mark.parametrize("name", ["lab.yaml", "gateway.yaml"])
+@pytest.mark.parametrize("name", ["lab.yaml", "gateway.yaml", "nat.yaml", "tunnel.yaml",
+                                  "dualstack.yaml"])
 def test_examples_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name)
     assert cfg.vips and cfg.pools
@@ -110,7 +111,7 @@ def test_example_round_trips_through_model_dump() -> None:
         (22, "    port: 70000", "t.yaml:22:", "vips[0].port", "less than or equal to 65535"),
         # bad IP
         (14, "        address: 198.18.0.300", "t.yaml:14:18:", "backends[0].address", "IPv4"),
-        (21, "    address: fe80::1", "t.yaml:21:", "vips[0].address", "IPv4"),
+        (21, "    address: 2001:db8::zz", "t.yaml:21:", "vips[0].address", "IPv4 or IPv6"),
         # bad hash key
         (7, "  hash_key: 00aa", "t.yaml:7:", "appliance.hash_key", "32 hex digits"),
         (7, "  hash_key: 000102030405060708090a0b0c0d0e0g", "t.yaml:7:", "hash_key", "hex"),
@@ -130,7 +131,9 @@ def test_example_round_trips_through_model_dump() -> None:
         (15, "        weight: .inf", "t.yaml:15:", "backends[0].weight", "finite"),
         # modes and enums
         (24, "    mode: nat", "t.yaml:24:", "vips[0].mode", "b2 on the ingress interface eth0"),
-        (24, "    mode: tunnel", "t.yaml:24:", "vips[0].mode", "not implemented yet"),
+        (24, "    mode: tunnel", "t.yaml:24:", "vips[0].mode", "needs the outer source prefix"),
+        (24, "    mode: dsr\n    tunnel: {source: 10.9.0.0/24}", "t.yaml:25:", "vips[0].tunnel",
+         "only a tunnel VIP (mode: tunnel) encapsulates"),
         (23, "    protocol: sctp", "t.yaml:23:", "vips[0].protocol", "'tcp' or 'udp'"),
         (11, "    weights: adaptive", "t.yaml:11:", "pools.web.weights", "'static' or 'dynamic'"),
         (3, "  dataplane: vpp", "t.yaml:3:", "appliance.dataplane", "'auto', 'xdp' or 'dpdk'"),
@@ -450,13 +453,26 @@ def test_aliases_merge_keys_and_duplicates_on_either_loader() -> None:
         assert _outcome(text, True) == _outcome(text, False), text
 
 
-@pytest.mark.parametrize(("line", "text", "field"), [
-    (24, "    address: 2001:db8::10", "vips[0].address"),
-    (16, "        address: 2001:db8::11", "pools.web.backends[0].address"),
+def test_ipv6_vips_and_backends_load() -> None:
+    """A DSR VIP of either family, with backends of its own family."""
+    text = edit(14, "        address: 2001:db8::11").replace(
+        "        address: 198.18.0.12", "        address: '2001:db8::12'").replace(
+        "    address: 198.18.1.10", "    address: '2001:db8:1::10'")
+    cfg = parse_config(text, "t.yaml")
+    assert [str(b.address) for b in cfg.pools["web"].backends] == ["2001:db8::11", "2001:db8::12"]
+    assert str(cfg.vips[0].address) == "2001:db8:1::10"
+
+
+@pytest.mark.parametrize(("line", "text", "field", "words"), [
+    (21, "    address: 2001:db8::10", "pools.web.backends[0].address",
+     "backend 'b1' is IPv4 and DSR VIP 'svc' (2001:db8::10) IPv6: DSR only rewrites MAC "
+     "addresses, the backend must hold the VIP; give pool 'web' IPv6 backends"),
+    (14, "        address: 2001:db8::11", "pools.web.backends[0].address",
+     "backend 'b1' is IPv6 and DSR VIP 'svc' (198.18.1.10) IPv4"),
 ])
-def test_an_ipv6_address_is_refused_as_not_yet(line: int, text: str, field: str) -> None:
-    """The table contract carries IPv6 (protocol 2); the data planes do not
-    forward it yet, so the configuration refuses it, naming the field."""
-    message = error(edit(line, text))
-    assert f"t.yaml:{line}:" in message and field in message
-    assert "IPv6 is not yet forwarded by the data planes" in message
+def test_a_dsr_vips_backends_are_of_its_family(line: int, text: str, field: str,
+                                               words: str) -> None:
+    """DSR rewrites only MACs: the configuration refuses a pool of the other
+    family (the data planes would forward it blindly), naming the backend."""
+    [first, *_] = error(edit(line, text)).splitlines()
+    assert first.startswith("t.yaml:14:") and f": {field}: " in first and words in first, first

@@ -222,7 +222,12 @@ CROSS_FIELD = {
     ("backend_port: 8443", "backend_port: 65536", "vips[1].backend_port",
      "less than or equal to 65535"),
     ("mode: nat, pool: web}", "mode: tunnel, pool: web}", "vips[0].mode",
-     "'tunnel' is not implemented yet"),
+     "tunnel mode needs the outer source prefix: add a `tunnel:` block to VIP 'web'"),
+    ("port: 80, pool: dsr}", "port: 80, pool: dsr, tunnel: {source: 10.9.0.0/24}}",
+     "vips[4].tunnel", "only a tunnel VIP (mode: tunnel) encapsulates: this one is dsr"),
+    ("10.30.0.12, via: eth1,", "'fd00:30::12', via: eth1,", "pools.web.backends[1].address",
+     "NAT mode is IPv4 only (its connection table keys are IPv4 5-tuples, lb_conn.h); use an "
+     "IPv4 address (backend 'b2' of pool 'web', which NAT VIP 'web' uses)"),
     # two interfaces: the backends of a NAT VIP leave by an egress port
     ("10.30.0.12, via: eth1,", "10.30.0.12,", "vips[0].mode",
      "pool 'web' has b2 on the ingress interface eth0 (no `via`)"),
@@ -262,10 +267,18 @@ def test_many_one_arm_backends_are_named_briefly() -> None:
     assert "has n1, n2, n3, n4, n5 and 3 more on the ingress interface" in message, message
 
 
-def test_ipv6_dsr_vip_keeps_its_not_yet_message() -> None:
-    message = refused(MINIMAL.replace("192.0.2.30", "'2001:db8::30'")
-                      .replace("mode: nat", "mode: dsr"))
-    assert "IPv6 is not yet forwarded" in message and "NAT" not in message
+def test_ipv6_is_refused_by_nat_alone() -> None:
+    """An IPv6 DSR VIP with IPv6 backends is accepted; the same in NAT mode is
+    refused at the VIP as NAT's limit (an IPv6 backend of an IPv4 NAT VIP is
+    test_refusals_name_line_and_field's)."""
+    v6 = MINIMAL.replace("192.0.2.30", "'2001:db8::30'").replace("10.30.0.11", "'fd00:30::11'")
+    cfg = parse_config(v6.replace("mode: nat", "mode: dsr"))
+    assert cfg.vips[0].address.version == cfg.pools["web"].backends[0].address.version == 6
+    message = refused(v6)
+    column = v6.splitlines()[-1].index("'2001") + 1
+    assert message == (f"t.yaml:{line_of(v6, '2001:db8::30')}:{column}: "
+                       "vips[0].address: NAT mode is IPv4 only (its connection table keys are "
+                       "IPv4 5-tuples, lb_conn.h); use an IPv4 address (got '2001:db8::30')")
 
 
 # --- into the tables ----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Health probes over real sockets: ICMP, TCP, HTTP and the checker that runs them.
+"""Health probes over real sockets: ICMP and ICMPv6, TCP, HTTP (over IPv4 and
+IPv6) and the checker that runs them. HTTPS: test_health_tls.py.
 
 Everything runs on loopback. Where a target must *not* answer, the test runs in a
 fresh network namespace of its own thread (``new_netns``) with echo replies off
@@ -23,6 +24,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# Imported here, not when first used: pyroute2 defines socket.socket subclasses as it
+# loads, which fails while a test has monkeypatched socket.socket.
+from pyroute2 import IPRoute
+
 from hpclb.config.probes import ProbeConfig
 from hpclb.health import (
     HealthChecker,
@@ -36,7 +41,7 @@ from hpclb.health import (
 from hpclb.health import icmp as icmp_mod
 from hpclb.health import tcp as tcp_mod
 from hpclb.health.http import build_request, host_header, parse_status
-from hpclb.health.icmp import checksum, echo_request
+from hpclb.health.icmp import checksum, echo6_request, echo_request
 from hpclb.host.netns import new_netns
 
 from .probe_sockets import syn_dropping_port
@@ -47,6 +52,43 @@ F = TypeVar("F", bound=Callable[..., Any])
 NO_DAMPING = {"enabled": False}
 #: Long enough for a loaded 2-core machine, short enough for a quick suite.
 WAIT = 10.0
+#: A second IPv6 address on the fresh namespaces' lo (a ULA), and the flag that
+#: makes it usable at once (no duplicate address detection).
+OTHER6 = "fd00:1b::2"
+IFA_F_NODAD = 0x02
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def wait_until_usable(address: str) -> None:
+    """Until a datagram to a new IPv6 address arrives: the kernel makes it usable
+    from a work queue (even with no duplicate address detection), its local route
+    last, and until then packets to it are dropped."""
+    for _ in range(int(WAIT / 0.05)):
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.settimeout(0.05)
+            try:
+                s.bind((address, 0))
+                s.sendto(b"?", s.getsockname())
+                s.recv(1)
+            except OSError:  # not bindable yet (EADDRNOTAVAIL), or lost (timeout)
+                threading.Event().wait(0.01)
+                continue
+            return
+    raise AssertionError(f"{address} never became usable")
+
+
+def ipv6_only(f: F) -> F:
+    """Tests on ::1: skipped, saying why, where the host has no IPv6 loopback."""
+    return pytest.mark.skipif(not has_ipv6_loopback(),  # type: ignore[no-any-return]
+                              reason="no IPv6 on loopback here (disable_ipv6?)")(f)
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -61,20 +103,23 @@ def root_only(f: F) -> F:
 def in_fresh_netns(main: Callable[[], Coroutine[Any, Any, T]], *, echo: bool = True,
                    ping_group: bool = False) -> T:
     """Run ``asyncio.run(main())`` in a thread inside a new network namespace with
-    only ``lo`` up; ``echo=False`` makes the kernel ignore echo requests there,
-    ``ping_group=True`` allows unprivileged ping sockets there."""
-    from pyroute2 import IPRoute
-
+    only ``lo`` up (127.0.0.1, ::1, and OTHER6 for a second IPv6 source);
+    ``echo=False`` makes the kernel ignore echo requests there (IPv4 and IPv6),
+    ``ping_group=True`` allows unprivileged ping sockets there (both families)."""
     out: dict[str, Any] = {}
 
     def thread() -> None:
         try:
             new_netns()
             with IPRoute() as ipr:
-                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+                lo = ipr.link_lookup(ifname="lo")[0]
+                ipr.link("set", index=lo, state="up")
+                ipr.addr("add", index=lo, address=OTHER6, prefixlen=128, flags=IFA_F_NODAD)
+            wait_until_usable(OTHER6)
             # /proc/sys/net is the namespace of the thread that opens it.
-            with open("/proc/sys/net/ipv4/icmp_echo_ignore_all", "w") as f:
-                f.write("0" if echo else "1")
+            for knob in ("ipv4/icmp_echo_ignore_all", "ipv6/icmp/echo_ignore_all"):
+                with open(f"/proc/sys/net/{knob}", "w") as f:
+                    f.write("0" if echo else "1")
             if ping_group:
                 with open("/proc/sys/net/ipv4/ping_group_range", "w") as f:
                     f.write("0 2147483647")
@@ -342,17 +387,273 @@ def test_icmp_send_errors_of_our_own_are_unknown_no_route_is_a_failure() -> None
         assert (r.ok, r.local, r.reason) == (False, False, f"send: {os.strerror(err)}")
 
 
-def test_ping_rejects_a_non_ipv4_address() -> None:
+def test_ping_rejects_an_address_of_another_family() -> None:
     async def main() -> None:
         pinger = IcmpPinger(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        assert pinger.family == socket.AF_INET
         for bad in ("::1", "localhost", "1.2.3", "", "1.2.3.4 "):
             with pytest.raises(ValueError, match="not a dotted IPv4"):
                 pinger.ping(bad, 1.0)
+        pinger6 = IcmpPinger(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+        assert pinger6.family == socket.AF_INET6
+        for bad in ("127.0.0.1", "fe80::1%lo", "localhost", "::1::", ""):
+            with pytest.raises(ValueError, match="not an IPv6 address"):
+                pinger6.ping(bad, 1.0)
+        assert pinger6.counters["sent"] == 0
+        pinger6.close()
         for timeout in (0, -1.0, float("nan"), float("inf")):
             with pytest.raises(ValueError, match="must be a positive number"):
                 pinger.ping("127.0.0.1", timeout)
         assert pinger.in_flight == 0 and pinger.counters["sent"] == 0
         pinger.close()
+
+    asyncio.run(main())
+
+
+# --- ICMPv6 ------------------------------------------------------------------------
+
+
+@root_only
+@ipv6_only
+def test_icmp6_loopback_answers_many_probes_on_one_socket() -> None:
+    async def main() -> None:
+        pinger = IcmpPinger(family=socket.AF_INET6)
+        assert (pinger.mode, pinger.family) == ("raw", socket.AF_INET6)
+        results = await asyncio.gather(*(pinger.ping("::1", WAIT) for _ in range(200)))
+        assert all(r.ok for r in results), {r.reason for r in results}
+        assert all(r.rtt_ms is not None and r.rtt_ms >= 0 for r in results)
+        assert pinger.counters["sent"] == pinger.counters["replies"] == 200
+        assert pinger.counters["timeouts"] == pinger.in_flight == 0
+        pinger.close()
+
+    asyncio.run(main())
+
+
+@root_only
+def test_icmp6_unanswered_times_out_and_unroutable_fails_at_once() -> None:
+    async def main() -> tuple[Any, ...]:
+        pinger = IcmpPinger(family=socket.AF_INET6)
+        silent = await pinger.ping("::1", 0.3)  # echo ignored in this namespace
+        unroutable = await pinger.ping("2001:db8::1", WAIT)  # only lo: no route at all
+        counters = dict(pinger.counters)
+        pinger.close()
+        return silent, unroutable, counters
+
+    silent, unroutable, counters = in_fresh_netns(main, echo=False)
+    assert (silent.ok, silent.rtt_ms, silent.reason) == (False, None, "timeout")
+    assert not unroutable.ok and not unroutable.local
+    assert unroutable.reason.startswith("send:"), unroutable
+    assert counters["timeouts"] == 1 and counters["send_errors"] == 1
+    assert counters["replies"] == 0
+
+
+@root_only
+def test_icmp6_falls_back_to_a_ping_socket_when_raw_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real_socket = socket.socket
+
+    def no_raw(family: int = -1, type: int = -1, proto: int = -1, *a: Any) -> socket.socket:
+        if type == socket.SOCK_RAW:
+            raise PermissionError(1, "Operation not permitted")
+        return real_socket(family, type, proto, *a)
+
+    monkeypatch.setattr(socket, "socket", no_raw)
+
+    async def main() -> tuple[str, list[bool]]:
+        pinger = IcmpPinger(family=socket.AF_INET6)  # mode auto
+        results = await asyncio.gather(*(pinger.ping(a, WAIT) for a in ("::1", OTHER6)))
+        pinger.close()
+        return pinger.mode, [r.reason for r in results]
+
+    assert in_fresh_netns(main, ping_group=True) == ("dgram", ["ok", "ok"])
+
+
+def test_icmp6_no_socket_at_all_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*a: Any, **k: Any) -> socket.socket:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(socket, "socket", refused)
+    with pytest.raises(ProbeError, match=r"ICMPv6: raw ICMPv6 socket refused.*"
+                                         r"ping socket refused.*ping_group_range"):
+        open_icmp_socket("auto", family=socket.AF_INET6)
+
+
+def ipv6_header(payload_len: int, src: str = "::1", dst: str = "::1",
+                next_header: int = socket.IPPROTO_ICMPV6) -> bytes:
+    return (struct.pack("!IHBB", 6 << 28, payload_len, next_header, 64)
+            + socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst))
+
+
+class Reflector6:
+    """Reflector for ICMPv6: a raw ICMPv6 socket sees our request (no IP header
+    on ICMPv6 sockets) and answers as a test asks; the kernel fills in the
+    checksum of what it sends."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+        self.sock.setblocking(False)
+
+    async def request(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(WAIT):
+            while True:
+                data = await loop.sock_recv(self.sock, 2048)
+                if data and data[0] == icmp_mod.ECHO6_REQUEST:
+                    return data
+
+    def send(self, icmp: bytes, src: str = "::1") -> None:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+        s.bind((src, 0))
+        s.sendto(icmp, ("::1", 0))
+        s.close()
+
+    @staticmethod
+    def reply(request: bytes, *, ident_delta: int = 0, seq_delta: int = 0,
+              flip_token: bool = False) -> bytes:
+        _, _, _, ident, seq = struct.unpack_from("!BBHHH", request)
+        payload = bytearray(request[8:])
+        if flip_token:
+            payload[0] ^= 0xFF
+        return struct.pack("!BBHHH", icmp_mod.ECHO6_REPLY, 0, 0, (ident + ident_delta) & 0xFFFF,
+                           (seq + seq_delta) & 0xFFFF) + bytes(payload)
+
+
+@root_only
+def test_icmp6_malformed_and_unexpected_replies_are_ignored_and_counted() -> None:
+    async def main() -> dict[str, Any]:
+        pinger = IcmpPinger(family=socket.AF_INET6)
+        refl = Reflector6()
+        probe = pinger.ping("::1", WAIT)
+        req = await refl.request()
+        refl.send(Reflector6.reply(req, ident_delta=1))  # another pinger's -> foreign
+        refl.send(Reflector6.reply(req, seq_delta=1))  # no such probe -> unexpected
+        refl.send(Reflector6.reply(req, flip_token=True))  # forged -> unexpected
+        refl.send(Reflector6.reply(req), src=OTHER6)  # wrong source -> unexpected
+        # Destination unreachable quoting 3 bytes instead of a header -> malformed.
+        refl.send(bytes([icmp_mod.DEST6_UNREACH, 3, 0, 0, 0, 0, 0, 0]) + b"abc")
+        # An unreachable quoting a UDP packet: not ours -> unexpected.
+        refl.send(bytes([icmp_mod.DEST6_UNREACH, 3, 0, 0, 0, 0, 0, 0])
+                  + ipv6_header(8, next_header=socket.IPPROTO_UDP) + bytes(8))
+        refl.send(bytes([135, 0, 0, 0, 0, 0, 0, 0]) + bytes(16))  # NS: filtered out
+        await asyncio.sleep(0.2)
+        assert not probe.done(), "a bad reply passed for an answer"
+        refl.send(Reflector6.reply(req))  # the real thing
+        good = await probe
+        late = pinger.ping("::1", 0.2)
+        req2 = await refl.request()
+        timed_out = await late
+        refl.send(Reflector6.reply(req2))  # after its deadline -> unexpected
+        await asyncio.sleep(0.2)
+        counters = dict(pinger.counters)
+        pinger.close()
+        refl.sock.close()
+        return {"good": good, "late": timed_out, "counters": counters}
+
+    out = in_fresh_netns(main, echo=False)
+    assert out["good"].ok and out["good"].rtt_ms is not None
+    assert out["late"].reason == "timeout"
+    c = out["counters"]
+    assert (c["malformed"], c["foreign"], c["unexpected"]) == (1, 1, 5), c
+    assert (c["replies"], c["timeouts"], c["sent"]) == (1, 1, 2)
+
+
+@root_only
+def test_icmp6_unreachable_and_time_exceeded_fail_the_probe_at_once() -> None:
+    async def main() -> tuple[list[Any], dict[str, int]]:
+        pinger = IcmpPinger(family=socket.AF_INET6)
+        refl = Reflector6()
+        results = []
+        for icmp_type, code in ((icmp_mod.DEST6_UNREACH, 3), (icmp_mod.TIME6_EXCEEDED, 0)):
+            probe = pinger.ping(OTHER6, WAIT)
+            req = await refl.request()
+            # The error quotes our request: its IPv6 header, then the ICMPv6 part.
+            quote = ipv6_header(len(req), dst=OTHER6) + req
+            refl.send(bytes([icmp_type, code, 0, 0, 0, 0, 0, 0]) + quote)
+            results.append(await probe)
+        counters = dict(pinger.counters)
+        pinger.close()
+        refl.sock.close()
+        return results, counters
+
+    (unreach, exceeded), counters = in_fresh_netns(main, echo=False)
+    assert (unreach.ok, unreach.reason) == (False, "icmp unreachable (code 3)")
+    assert (exceeded.ok, exceeded.reason) == (False, "icmp ttl exceeded (code 0)")
+    assert counters["errors"] == 2 and counters["timeouts"] == 0
+
+
+@root_only
+@ipv6_only
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=120), quote=st.booleans())
+def test_icmp6_any_bytes_are_counted_once_never_raised(data: bytes, quote: bool) -> None:
+    async def main() -> None:
+        pinger = IcmpPinger(family=socket.AF_INET6)
+        pending = pinger.ping("::1", WAIT)
+        # Half the cases are an unreachable quoting an IPv6 header of ours, so the
+        # fuzz reaches the quote's parsing, not only the ICMPv6 header checks.
+        packet = (bytes([icmp_mod.DEST6_UNREACH, 0, 0, 0, 0, 0, 0, 0])
+                  + ipv6_header(len(data)) + data) if quote else data
+        keys = ("malformed", "foreign", "unexpected", "replies", "errors")
+        before = sum(pinger.counters[k] for k in keys)
+        pinger.handle_packet(packet, "::1", 0)
+        pinger.handle_packet(packet, "not an address", 0)  # -> malformed
+        assert sum(pinger.counters[k] for k in keys) == before + 2
+        await pending
+        pinger.close()
+
+    asyncio.run(main())
+
+
+def test_echo6_request_leaves_the_checksum_to_the_kernel() -> None:
+    pkt = echo6_request(0x1234, 7, b"abc")
+    assert pkt == bytes([128, 0, 0, 0, 0x12, 0x34, 0, 7]) + b"abc"
+
+
+@root_only
+@ipv6_only
+def test_checker_probes_both_families_with_one_pinger_each() -> None:
+    async def main() -> dict[str, int]:
+        checker = HealthChecker(lambda t: None)
+        cfg = ProbeConfig(interval_s=0.1)
+        checker.add("v4", "127.0.0.1", cfg)
+        checker.add("v6", "::1", cfg)
+        checker.add("v6b", "0:0::1", cfg)  # the same address, written otherwise
+        assert checker.status("v6b").address == "::1"
+        await wait_for(lambda: all(checker.rtt_ms(n) is not None for n in ("v4", "v6", "v6b")),
+                       "an RTT for every backend")
+        assert set(checker.pingers) == {socket.AF_INET, socket.AF_INET6}
+        assert checker.pinger is checker.pingers[socket.AF_INET]
+        stats = checker.stats()
+        checker.close()
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats["icmp_replies"] >= 1 and stats["icmp6_replies"] >= 2
+    assert stats["icmp6_timeouts"] == 0
+
+
+@ipv6_only
+def test_tcp_and_http_over_ipv6() -> None:
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "::1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = TcpConnector()
+        assert (await conn.connect("::1", port, WAIT)).ok
+        server.close()
+        await server.wait_closed()
+        assert (await conn.connect("::1", port, WAIT)).reason == "refused"
+        conn.close()
+        srv = await TinyHttp().start("::1")
+        ok = await http_get("::1", srv.port, WAIT, path="/ping")
+        assert ok.ok, ok
+        assert f"\r\nHost: [::1]:{srv.port}\r\n" in srv.requests[-1].decode()
+        checker = HealthChecker(lambda t: None)
+        checker.add("web6", "::1", ProbeConfig(kind="http", port=srv.port, interval_s=0.1))
+        checker.add("tcp6", "::1", ProbeConfig(kind="tcp", port=srv.port, interval_s=0.1))
+        await wait_for(lambda: all(checker.status(n).probes >= 2 and checker.status(n).failed == 0
+                                   for n in ("web6", "tcp6")), "IPv6 probes that succeed")
+        checker.close()
+        await srv.stop()
 
     asyncio.run(main())
 
@@ -457,8 +758,8 @@ class TinyHttp:
         self.server: asyncio.Server | None = None
         self.port = 0
 
-    async def start(self) -> TinyHttp:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, host: str = "127.0.0.1") -> TinyHttp:
+        self.server = await asyncio.start_server(self._serve, host, 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -620,8 +921,8 @@ def test_checker_icmp_rtts_and_runtime_add_remove_update() -> None:
             checker.add("late", "127.5.2.1", cfg)
         with pytest.raises(ValueError, match="not an IP address"):
             checker.add("named", "node1.cluster", cfg)
-        with pytest.raises(ValueError, match="IPv4 only"):
-            checker.add("v6", "::1", cfg)
+        with pytest.raises(ValueError, match="scoped"):
+            checker.add("v6", "fe80::1%lo", cfg)
         checker.close()
 
     asyncio.run(main())

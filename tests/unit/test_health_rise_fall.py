@@ -48,6 +48,10 @@ def test_config_defaults() -> None:
         (True, 1000.0, 60.0, 2500.0, 800.0, 300.0)
     assert ProbeConfig(interval_s=0.5).timeout == 0.5  # default capped at the interval
     assert ProbeConfig(kind="http").effective_port == 80
+    assert ProbeConfig(kind="https").effective_port == 443
+    assert ProbeConfig(kind="https", port=8443).effective_port == 8443
+    tls = ProbeConfig(kind="https")
+    assert (tls.verify, tls.ca_file, tls.server_name) == (True, None, None)
     assert ProbeConfig(kind="tcp", port=22).effective_port == 22
 
 
@@ -58,8 +62,14 @@ def test_config_defaults() -> None:
     ({"timeout_s": 0}, "greater than 0"),
     ({"kind": "tcp"}, "kind tcp needs a port"),
     ({"kind": "icmp", "port": 80}, "kind icmp takes no port"),
-    ({"kind": "tcp", "port": 80, "path": "/x"}, "path only apply to kind http"),
-    ({"kind": "udp"}, "'icmp', 'tcp' or 'http'"),
+    ({"kind": "tcp", "port": 80, "path": "/x"}, "path only apply to kinds http and https"),
+    ({"kind": "udp"}, "'icmp', 'tcp', 'http' or 'https'"),
+    ({"kind": "http", "verify": False}, "verify only apply to kind https"),
+    ({"kind": "tcp", "port": 1, "ca_file": "/ca.pem", "server_name": "x"},
+     "ca_file, server_name only apply to kind https"),
+    ({"kind": "https", "verify": False, "ca_file": "/ca.pem"}, "ignored with verify: false"),
+    ({"kind": "https", "verify": "no"}, "valid boolean"),
+    ({"kind": "https", "server_name": "a b"}, "should match pattern"),
     ({"kind": "http", "port": 0}, "greater than or equal to 1"),
     ({"kind": "http", "port": "80"}, "valid integer"),
     ({"kind": "http", "path": "no-slash"}, "should match pattern"),
@@ -91,6 +101,16 @@ def test_expect_status_forms() -> None:
     # The serialised form reads back (what a dumped config holds).
     assert ProbeConfig.model_validate(c.model_dump()) == c
     assert ProbeConfig(kind="http", expect_status="204").expect_status == ((204, 204),)
+
+
+def test_https_config_reads_back() -> None:
+    c = ProbeConfig(kind="https", ca_file="/etc/hpclb/ca.pem", server_name="node1.cluster",
+                    expect_status=204, path="/healthz")
+    assert str(c.ca_file) == "/etc/hpclb/ca.pem" and c.effective_port == 443
+    assert ProbeConfig.model_validate(c.model_dump()) == c
+    # A dumped http configuration carries the TLS defaults and still loads.
+    http = ProbeConfig(kind="http")
+    assert ProbeConfig.model_validate(http.model_dump()) == http
 
 
 def test_config_is_frozen() -> None:

@@ -650,7 +650,9 @@ def test_bind_endpoints() -> None:
     assert parse("tcp://127.0.0.1:*") == (socket.AF_INET, ("127.0.0.1", 0))
     assert parse("tcp://*:5557") == (socket.AF_INET, ("0.0.0.0", 5557))
     assert parse("tcp://[::1]:5557") == (socket.AF_INET6, ("::1", 5557))
-    for bad in ("tcp://256.0.0.1:1", "tcp://eth0:5557", "ipc:///tmp/x", "tcp://1.2.3.4:70000"):
+    assert parse("tcp://[FD00:0::1]:*") == (socket.AF_INET6, ("fd00::1", 0))
+    for bad in ("tcp://256.0.0.1:1", "tcp://eth0:5557", "ipc:///tmp/x", "tcp://1.2.3.4:70000",
+                "tcp://fd00::1:5557", "tcp://[fd00::zz]:5557", "tcp://[10.0.0.1]:5557"):
         with pytest.raises(zmq.ZMQError):
             parse(bad)
 

@@ -7,7 +7,9 @@
     hpclb-agent sample [--node-id NAME] [--cgroup PATH] [--require-gpu]   # one message, JSON
 
 ``run`` publishes one telemetry message per heartbeat interval, ``base x (1 +
-load^2)`` within the bounds, until SIGTERM or SIGINT, then exits 0. Keys are
+load^2)`` within the bounds, until SIGTERM or SIGINT, then exits 0. ``--connect``
+takes an IPv4 address, a name, or an IPv6 address in brackets
+(``tcp://[fd00::1]:5557``). Keys are
 pyzmq certificate files: the control plane's allow-list holds ``<node id>.key``
 (the public half), the node keeps ``<node id>.key_secret``.
 """
@@ -15,6 +17,7 @@ pyzmq certificate files: the control plane's allow-list holds ``<node id>.key``
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
@@ -55,6 +58,29 @@ def _node_id(text: str) -> str:
             f"{text!r} is not a node id (letters, digits, '.', '_', '-', at most 63, "
             "starting with a letter or digit)")
     return text
+
+
+_ENDPOINT = re.compile(r"(?:tcp://)?(\[[^\]]*\]|[^:\[\]/\s]+):(\d{1,5})")
+
+
+def endpoint(text: str) -> str:
+    """The control plane's telemetry endpoint, ``tcp://HOST:PORT`` (``tcp://`` may
+    be left out): HOST an IPv4 address, a name, or an IPv6 address in brackets."""
+    m = _ENDPOINT.fullmatch(text)
+    if m is None:
+        hint = (" (an IPv6 address goes in brackets: tcp://[fd00::1]:5557)"
+                if text.count(":") > 2 else "")
+        raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT{hint}")
+    host, port = m.group(1), int(m.group(2))
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: port {port} is not 1-65535")
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {host} is not an IPv6 address in brackets") from None
+    return f"tcp://{host}:{port}"
 
 
 def _positive(text: str) -> float:
@@ -192,8 +218,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="publish telemetry to the control plane")
-    r.add_argument("--connect", required=True, help="the control plane's telemetry "
-                   "endpoint, e.g. tcp://10.0.0.1:5557")
+    r.add_argument("--connect", required=True, type=endpoint,
+                   help="the control plane's telemetry endpoint, e.g. tcp://10.0.0.1:5557 "
+                   "or tcp://[fd00::1]:5557")
     r.add_argument("--node-id", required=True, type=_node_id,
                    help="this node's id; must match the allow-list file <id>.key")
     r.add_argument("--server-key", required=True, type=Path,

@@ -43,7 +43,8 @@ _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
 class Publisher:
-    """Sends payloads to ``endpoint``; :meth:`close` when done."""
+    """Sends payloads to ``endpoint`` (``tcp://HOST:PORT``, an IPv6 address in
+    brackets); :meth:`close` when done."""
 
     def __init__(self, endpoint: str, server_key: bytes, public_key: bytes,
                  secret_key: bytes, *, sndhwm: int = SNDHWM, linger_ms: int = LINGER_MS,
@@ -76,6 +77,10 @@ class Publisher:
             sock.curve_serverkey = server_key
             sock.curve_publickey = public_key
             sock.curve_secretkey = secret_key
+            # Without it libzmq cannot reach an IPv6 address (tcp://[fd00::1]:5557):
+            # connect() succeeds and every dial then fails quietly. IPv4 is unchanged,
+            # and a name resolves to whichever family it has.
+            sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDHWM, self._sndhwm)
             sock.setsockopt(zmq.LINGER, self._linger_ms)

@@ -1,7 +1,8 @@
 """The appliance's configuration: the models (:mod:`.schema`), the YAML loader
 whose errors name file, line and field (:mod:`.loader`), and the per-pool
-models of the probes (:mod:`.probes`) and of the weight formula
-(:mod:`.weights`). This floor imports only the contract beneath it.
+models of the probes (:mod:`.probes`), of the weight formula
+(:mod:`.weights`) and of tunnel mode's settings (:mod:`.tunnel`). This
+floor imports only the contract beneath it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from hpclb.config.schema import (
     XdpConfig,
     XdpMode,
 )
+from hpclb.config.tunnel import TunnelConfig, TunnelEncap
 
 __all__ = [
     "DEFAULT_TELEMETRY_PORT",
@@ -69,6 +71,8 @@ __all__ = [
     "PortRange",
     "SnatConfig",
     "TelemetryConfig",
+    "TunnelConfig",
+    "TunnelEncap",
     "VipConfig",
     "VipProtocol",
     "WeightsMode",

@@ -42,6 +42,7 @@ from hpclb.config.schema import (
     _Problems,
     loc_path,
 )
+from hpclb.config.tunnel import TunnelConfig
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ if getattr(yaml, "__with_libyaml__", False):
 
 _MERGE = "tag:yaml.org,2002:merge"
 _MODELS = (HpclbConfig, ApplianceConfig, InterfacesConfig, XdpConfig, PoolConfig, BackendConfig,
-           NatConfig, SnatConfig, PortRange, ConnTimeouts)
+           NatConfig, SnatConfig, PortRange, ConnTimeouts, TunnelConfig)
 _KNOWN_KEYS = sorted({key for model in (*_MODELS, VipConfig) for key in model.model_fields})
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -28,6 +29,10 @@ MAX_INTERVAL_S = 3600.0
 
 StatusRange = tuple[int, int]
 _RANGE = re.compile(r"^\s*(\d{3})\s*(?:-\s*(\d{3})\s*)?$")
+#: Fields of the HTTP request, for kinds http and https.
+_HTTP_FIELDS = frozenset({"path", "host", "expect_status"})
+#: TLS settings, for kind https.
+_TLS_FIELDS = frozenset({"verify", "ca_file", "server_name"})
 
 
 class DampingConfig(BaseModel):
@@ -96,16 +101,26 @@ class ProbeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["icmp", "tcp", "http"] = "icmp"
-    #: TCP/HTTP port; required for tcp, 80 when omitted for http, refused for icmp.
+    #: icmp (ICMPv6 for an IPv6 backend), tcp, http, or https (http over TLS).
+    kind: Literal["icmp", "tcp", "http", "https"] = "icmp"
+    #: TCP/HTTP port; required for tcp, 80 when omitted for http, 443 for https,
+    #: refused for icmp.
     port: int | None = Field(None, ge=1, le=65535, strict=True)
-    #: HTTP only: request target, an origin-form path (no spaces or control bytes,
+    #: HTTP(S) only: request target, an origin-form path (no spaces or control bytes,
     #: so it cannot smuggle headers into the request).
     path: str = Field("/", pattern=r"^/[\x21-\x7e]*$", max_length=2048)
-    #: HTTP only: Host header; the backend's address (and :port) when omitted.
+    #: HTTP(S) only: Host header; the backend's address (and :port) when omitted.
     host: str | None = Field(None, pattern=r"^[\x21-\x7e]+$", max_length=255)
-    #: HTTP only: statuses that count as up (ints or "lo-hi" ranges).
+    #: HTTP(S) only: statuses that count as up (ints or "lo-hi" ranges).
     expect_status: tuple[StatusRange, ...] = ((200, 399),)
+    #: HTTPS only: check the backend's certificate (chain to ca_file, or the
+    #: system's trust store, and server_name). A failed check fails the probe.
+    verify: bool = Field(True, strict=True)
+    #: HTTPS only: PEM file of the CA(s) the backends' certificates chain to.
+    ca_file: Path | None = None
+    #: HTTPS only: name sent in SNI and checked against the certificate; the name
+    #: in ``host`` when omitted, else the backend's address (its IP in the cert).
+    server_name: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]+$", max_length=253)
     interval_s: float = Field(5.0, ge=MIN_INTERVAL_S, le=MAX_INTERVAL_S, allow_inf_nan=False)
     #: None = min(DEFAULT_TIMEOUT_S, interval_s); see `timeout`.
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -131,14 +146,20 @@ class ProbeConfig(BaseModel):
             raise ValueError("kind tcp needs a port")
         if self.kind == "icmp" and self.port is not None:
             raise ValueError("kind icmp takes no port")
-        if self.kind != "http":
-            # Set and not the default (a dumped configuration carries defaults).
-            fields = type(self).model_fields
-            given = {f for f in {"path", "host", "expect_status"} & self.model_fields_set
-                     if getattr(self, f) != fields[f].get_default(call_default_factory=True)}
-            if given:
-                raise ValueError(f"{', '.join(sorted(given))} only apply to kind http")
+        if self.kind not in ("http", "https") and (given := self._given(_HTTP_FIELDS)):
+            raise ValueError(f"{', '.join(sorted(given))} only apply to kinds http and https")
+        if self.kind != "https" and (given := self._given(_TLS_FIELDS)):
+            raise ValueError(f"{', '.join(sorted(given))} only apply to kind https")
+        if not self.verify and self.ca_file is not None:
+            raise ValueError("ca_file is ignored with verify: false: drop one of them")
         return self
+
+    def _given(self, names: frozenset[str]) -> set[str]:
+        """Those of ``names`` set and not at their default (a dumped configuration
+        carries defaults, and must load again)."""
+        fields = type(self).model_fields
+        return {f for f in names & self.model_fields_set
+                if getattr(self, f) != fields[f].get_default(call_default_factory=True)}
 
     @property
     def timeout(self) -> float:
@@ -149,8 +170,8 @@ class ProbeConfig(BaseModel):
 
     @property
     def effective_port(self) -> int | None:
-        if self.kind == "http" and self.port is None:
-            return 80
+        if self.port is None and self.kind in ("http", "https"):
+            return 80 if self.kind == "http" else 443
         return self.port
 
     def accepts(self, status: int) -> bool:

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from hpclb.config.probes import ProbeConfig
+from hpclb.config.tunnel import TunnelConfig
 from hpclb.config.weights import WeightPolicy
 from hpclb.contract import tables
 
@@ -43,10 +44,6 @@ def loc_path(loc: Loc) -> str:
 
 DEFAULT_TELEMETRY_PORT = 5557
 
-IPV6_NOT_FORWARDED = (
-    "IPv6 is not yet forwarded by the data planes (the table contract carries it since "
-    "protocol 2); use an IPv4 address"
-)
 NAT_IPV4_ONLY = (
     "NAT mode is IPv4 only (its connection table keys are IPv4 5-tuples, lb_conn.h); "
     "use an IPv4 address"
@@ -64,22 +61,9 @@ def _ip_address(v: Any) -> Any:
     return v
 
 
-def _forwarded_family(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
-    """The data planes store IPv6 VIPs and backends (table protocol 2) but do
-    not forward IPv6 yet: refuse it here rather than configure a VIP that would
-    silently pass every packet to the kernel."""
-    if v.version != 4:
-        raise ValueError(IPV6_NOT_FORWARDED)
-    return v
-
-
-# A VIP's or a backend's address: the type the table contract carries, with
-# what the data planes forward today enforced.
-ServiceAddress = Annotated[
-    IPv4Address | IPv6Address,
-    BeforeValidator(_ip_address),
-    AfterValidator(_forwarded_family),
-]
+# A VIP's or a backend's address: the type the table contract carries. Which
+# family a mode takes is checked across fields (HpclbConfig._check_families).
+ServiceAddress = Annotated[IPv4Address | IPv6Address, BeforeValidator(_ip_address)]
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
@@ -120,7 +104,9 @@ class VipProtocol(StrEnum):
 class ForwardingMode(StrEnum):
     DSR = "dsr"  # the backend holds the VIP and answers the client directly
     NAT = "nat"  # stateful NAT gateway: DNAT in, reverse out (LB_MODE_NAT, lb_conn.h)
-    TUNNEL = "tunnel"  # reserved (LB_MODE_TUNNEL)
+    # DSR through a tunnel: IPIP or GUE outer headers to backends anywhere
+    # routed (LB_MODE_TUNNEL, lb_encap.h); settings in a `tunnel:` block
+    TUNNEL = "tunnel"
 
 
 class _Strict(BaseModel):
@@ -326,6 +312,9 @@ class PoolConfig(_Strict):
     # DSR VIP cannot use a pool that sets either.
     backend_port: int | None = Field(None, strict=True, ge=1, le=65535)
     snat: bool = False
+    # For the tunnel VIPs of this pool (mode: tunnel): encapsulation and outer
+    # source prefix. A VIP's own `tunnel:` block wins over this one, whole.
+    tunnel: TunnelConfig | None = None
     backends: list[BackendConfig] = Field(default_factory=list, max_length=tables.MAX_BACKENDS)
 
 
@@ -350,9 +339,13 @@ class TelemetryConfig(_Strict):
     # the excess is dropped and counted. Agents send every 5 s by default.
     max_rate_per_agent: float = Field(20.0, gt=0, le=10_000, allow_inf_nan=False)
 
-    def endpoint(self, management: IPv4Address | None) -> str:
-        """The endpoint to bind: ``bind``, else the management address's port 5557."""
-        return self.bind or f"tcp://{management}:{DEFAULT_TELEMETRY_PORT}"
+    def endpoint(self, management: IPv4Address | IPv6Address | None) -> str:
+        """The endpoint to bind: ``bind``, else the management address's port 5557
+        (an IPv6 one in brackets)."""
+        if self.bind is not None:
+            return self.bind
+        host = f"[{management}]" if isinstance(management, IPv6Address) else management
+        return f"tcp://{host}:{DEFAULT_TELEMETRY_PORT}"
 
     @property
     def bind_host(self) -> str | None:
@@ -486,14 +479,8 @@ class VipConfig(_Strict):
     # NAT mode only; each wins over the pool's setting of the same name.
     backend_port: int | None = Field(None, strict=True, ge=1, le=65535)
     snat: bool | None = None
-
-    @field_validator("mode")
-    @classmethod
-    def _implemented(cls, v: ForwardingMode) -> ForwardingMode:
-        if v is ForwardingMode.TUNNEL:
-            raise ValueError(f"mode {v.value!r} is not implemented yet (only 'dsr' and "
-                             "'nat' are)")
-        return v
+    # Tunnel mode only; wins over the pool's `tunnel:` block, whole.
+    tunnel: TunnelConfig | None = None
 
     @field_validator("address")
     @classmethod
@@ -501,18 +488,20 @@ class VipConfig(_Strict):
                 info: ValidationInfo) -> IPv4Address | IPv6Address:
         if v.version != 4 and info.data.get("mode") is ForwardingMode.NAT:
             raise ValueError(NAT_IPV4_ONLY)
-        return _forwarded_family(v)
+        return v
 
     @model_validator(mode="after")
-    def _nat_fields(self) -> VipConfig:
-        if self.mode is ForwardingMode.NAT:
-            return self
+    def _mode_fields(self) -> VipConfig:
         problems: list[tuple[Loc, str]] = []
-        if self.backend_port is not None:
-            problems.append((("backend_port",), "only a NAT VIP (mode: nat) maps ports: a "
-                             f"{self.mode.value} backend answers from the VIP's port itself"))
-        if self.snat:
-            problems.append((("snat",), "only a NAT VIP (mode: nat) takes SNAT"))
+        if self.mode is not ForwardingMode.NAT:
+            if self.backend_port is not None:
+                problems.append((("backend_port",), "only a NAT VIP (mode: nat) maps ports: a "
+                                 f"{self.mode.value} backend answers from the VIP's port itself"))
+            if self.snat:
+                problems.append((("snat",), "only a NAT VIP (mode: nat) takes SNAT"))
+        if self.mode is not ForwardingMode.TUNNEL and self.tunnel is not None:
+            problems.append((("tunnel",), "only a tunnel VIP (mode: tunnel) encapsulates: "
+                             f"this one is {self.mode.value}"))
         if problems:
             raise _Problems(problems)
         return self
@@ -543,6 +532,22 @@ class HpclbConfig(_Strict):
             return vip.snat
         pool = self.pools.get(vip.pool)
         return bool(pool and pool.snat)
+
+    def vip_tunnel(self, vip: VipConfig) -> TunnelConfig | None:
+        """A tunnel VIP's tunnel settings: its own block, else its pool's.
+        None for a VIP of another mode (and for a tunnel VIP without either,
+        which the configuration refuses)."""
+        if vip.mode is not ForwardingMode.TUNNEL:
+            return None
+        if vip.tunnel is not None:
+            return vip.tunnel
+        pool = self.pools.get(vip.pool)
+        return pool.tunnel if pool else None
+
+    def tunnel_pools(self) -> set[str]:
+        """The pools tunnel VIPs use: their backends may be routed (their MAC
+        in the tables is the next hop's), and no other VIP uses them."""
+        return {v.pool for v in self.vips if v.mode is ForwardingMode.TUNNEL}
 
     def empty_pool_warnings(self) -> list[str]:
         """One line per VIP whose pool has no backend. Valid (a pool may await
@@ -579,10 +584,15 @@ class HpclbConfig(_Strict):
                               "appliance.management_address"))
                 continue
             try:
-                addr = IPv4Address(host)
+                # An IPv6 address in brackets, as in tcp://[fd00::1]:5557 (the receiver
+                # binds it with ZMQ_IPV6); IPv4 as written.
+                addr: IPv4Address | IPv6Address = (
+                    IPv6Address(host[1:-1]) if host.startswith("[") and host.endswith("]")
+                    else IPv4Address(host))
             except ValueError:
-                add((loc, f"{host!r} is not an IPv4 address (a name could resolve to "
-                          "anything; give the management address itself)"))
+                add((loc, f"{host!r} is not an IPv4 address nor an IPv6 one in brackets (a "
+                          "name could resolve to anything; give the management address "
+                          "itself)"))
                 continue
             if addr.is_unspecified:
                 add((loc, f"{host} is a wildcard: it reaches every address of the "
@@ -647,6 +657,95 @@ class HpclbConfig(_Strict):
                 add((("nat", "snat", "addresses", i), f"{addr} is {taken[addr]}: a SNAT "
                      "address must be the appliance's alone"))
 
+    def _check_families(self, add: Callable[[tuple[Loc, str]], None]) -> None:
+        """Which family each mode's backends take (the data planes' rules):
+        a DSR VIP's backends are of the VIP's family (DSR only rewrites MACs:
+        the backend holds the VIP); NAT is IPv4 only; a tunnel VIP's backends
+        are of its tunnel source's family (the outer headers'), and an IPv6
+        VIP is never tunnelled over IPv4. A pool serves tunnel VIPs only or
+        none: a backend has one MAC in the tables, the next hop's for a
+        tunnel VIP, its own for the others."""
+        reported: set[Loc] = set()
+
+        def once(loc: Loc, msg: str) -> None:
+            if loc not in reported:
+                reported.add(loc)
+                add((loc, msg))
+
+        users: dict[str, dict[bool, int]] = {}  # pool -> {tunnel?: first VIP}
+        for i, vip in enumerate(self.vips):
+            pool = self.pools.get(vip.pool)
+            if pool is None:
+                continue  # reported as an unknown pool
+            tunnel = vip.mode is ForwardingMode.TUNNEL
+            users.setdefault(vip.pool, {}).setdefault(tunnel, i)
+            if tunnel:
+                self._check_tunnel_vip(i, vip, pool, once)
+                continue
+            for j, b in enumerate(pool.backends):
+                loc: Loc = ("pools", vip.pool, "backends", j, "address")
+                if vip.mode is ForwardingMode.NAT and b.address.version != 4:
+                    once(loc, f"{NAT_IPV4_ONLY} (backend {b.name!r} of pool {vip.pool!r}, "
+                              f"which NAT VIP {vip.name!r} uses)")
+                elif vip.mode is ForwardingMode.DSR and b.address.version != vip.address.version:
+                    once(loc, f"backend {b.name!r} is IPv{b.address.version} and DSR VIP "
+                              f"{vip.name!r} ({vip.address}) IPv{vip.address.version}: DSR "
+                              "only rewrites MAC addresses, the backend must hold the VIP; "
+                              f"give pool {vip.pool!r} IPv{vip.address.version} backends")
+        for name, first in users.items():
+            other = first.get(False)
+            if other is None:
+                continue
+            if True in first:
+                vip = self.vips[other]
+                add((("vips", other, "pool"),
+                     f"pool {name!r} serves tunnel VIP {self.vips[first[True]].name!r}: a "
+                     f"{vip.mode.value} VIP cannot share it (a backend has one MAC in the "
+                     "tables, the next hop's for a tunnel VIP); give this VIP its own pool"))
+            elif self.pools[name].tunnel is not None:
+                add((("pools", name, "tunnel"),
+                     f"only tunnel VIPs can use tunnel, and {self.vips[other].mode.value} VIP "
+                     f"{self.vips[other].name!r} uses this pool"))
+
+    def _check_tunnel_vip(self, i: int, vip: VipConfig, pool: PoolConfig,
+                          once: Callable[[Loc, str], None]) -> None:
+        t = self.vip_tunnel(vip)
+        if t is None:
+            once(("vips", i, "mode"),
+                 f"tunnel mode needs the outer source prefix: add a `tunnel:` block to VIP "
+                 f"{vip.name!r} or to pool {vip.pool!r} (e.g. tunnel: {{source: 172.16.0.0/24}})")
+            return
+        tloc: Loc = (("vips", i, "tunnel", "source") if vip.tunnel is not None
+                     else ("pools", vip.pool, "tunnel", "source"))
+        if vip.address.version == 6 and t.family == 4:
+            once(("vips", i, "address"),
+                 f"IPv6 VIP {vip.name!r} cannot be tunnelled from an IPv4 source "
+                 f"({t.source}): IPv6 inside IPv4 is not carried (an IPv4 path need not "
+                 "carry IPv6's minimum MTU of 1280 plus the outer header); give it an IPv6 "
+                 "tunnel source and IPv6 backends")
+            return
+        for j, b in enumerate(pool.backends):
+            if b.address.version != t.family:
+                once(("pools", vip.pool, "backends", j, "address"),
+                     f"backend {b.name!r} is IPv{b.address.version}, and tunnel VIP "
+                     f"{vip.name!r} reaches pool {vip.pool!r} from an IPv{t.family} source "
+                     f"({t.source}): the outer headers are of the source's family, so every "
+                     "backend of a tunnel pool is too")
+        # A host drops packets whose source is one of its own addresses (a
+        # martian); every backend holds the VIPs, so an outer source equal to
+        # a VIP or a backend would silently lose the flows it is picked for.
+        sources = t.sources
+        owners = [(v.address, f"VIP {v.name!r}") for v in self.vips]
+        owners += [(b.address, f"backend {b.name!r}")
+                   for p in self.pools.values() for b in p.backends]
+        for addr, who in owners:
+            if addr.version == sources.version and addr in sources:
+                once(tloc, f"{t.source} gives outer sources {sources[0]}-{sources[-1]}, which "
+                           f"include the address of {who}, {addr}: the hosts holding it drop "
+                           "packets from it as martians; choose a prefix without VIP or "
+                           "backend addresses")
+                break
+
     @model_validator(mode="after")
     def _cross_check(self) -> HpclbConfig:
         problems: list[tuple[Loc, str]] = []
@@ -679,6 +778,7 @@ class HpclbConfig(_Strict):
                     )
         self._check_service_addresses(add)
         self._check_nat(add)
+        self._check_families(add)
         if len(seen_backend) > tables.MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {tables.MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}

@@ -53,6 +53,8 @@ from hpclb.contract.tables import (
     MAX_VIPS,
     PROTOCOLS,
     Backend,
+    Encap,
+    IPAddress,
     NatConfig,
     NatDown,
     TableSet,
@@ -73,7 +75,7 @@ log = logging.getLogger(__name__)
 
 # A backend without a MAC is written with this one (its decision is DOWN: never chosen).
 NO_MAC = "00:00:00:00:00:00"
-# How often a failed push, or a backend that did not answer ARP, is retried.
+# How often a failed push, or a backend that did not answer ARP or NDP, is retried.
 RETRY_INTERVAL_S = 5.0
 # How often the data plane must answer hello (three misses in a row: restart).
 HEALTH_INTERVAL_S = 5.0
@@ -174,11 +176,19 @@ def nat_tables(config: HpclbConfig) -> NatConfig:
 def vip_entry(config: HpclbConfig, vip: VipConfig, vip_id: int) -> Vip:
     """The data plane's VIP (struct lb_vip_entry) of a configured one: a NAT
     VIP carries its backends' port (explicit, even when it is the VIP's) and
-    whether it takes SNAT."""
+    whether it takes SNAT; a tunnel VIP its encapsulation, the outer source
+    prefix's network address and host bits (at most 16), and its GUE port
+    (0 with IPIP)."""
     proto = PROTOCOLS[vip.protocol.value]
     if vip.mode is ForwardingMode.NAT:
         return Vip(vip_id, vip.address, vip.port, proto, mode=VipMode.NAT,
                    nat_port=config.vip_backend_port(vip), snat=config.vip_snat(vip))
+    tunnel = config.vip_tunnel(vip)
+    if tunnel is not None:  # the schema refuses a tunnel VIP without settings
+        return Vip(vip_id, vip.address, vip.port, proto, mode=VipMode.TUNNEL,
+                   tunnel_src=tunnel.source.network_address,
+                   tunnel_encap=Encap[tunnel.encap.name], gue_port=tunnel.port,
+                   tunnel_src_bits=tunnel.src_bits)
     return Vip(vip_id, vip.address, vip.port, proto)
 
 
@@ -238,7 +248,9 @@ class Controller:
         self.faces = tuple(faces)
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
         self.current: TableSet | None = None
-        self.macs: dict[ipaddress.IPv4Address, str] = {}
+        # (address, routed) -> MAC: a routed lookup may give a next hop's MAC,
+        # which a DSR backend of the same address must never get.
+        self.macs: dict[tuple[IPAddress, bool], str] = {}
         self.choice = choose_dataplane(self.config)
         log.info("data plane: %s (%s)", self.choice.kind.value, self.choice.reason)
         host = DpdkHost(self.config, self.paths.run_dir) if self.choice.kind == "dpdk" else None
@@ -257,7 +269,7 @@ class Controller:
             # window is what the EAL takes, not a poll interval.
             on_exit=self.wake.set,
         )
-        self.unresolved_addrs: set[ipaddress.IPv4Address] = set()
+        self.unresolved_addrs: set[tuple[IPAddress, bool]] = set()
         self.desired: TableSet | None = None
         self.push_pending = False
         self._last_retry = 0.0
@@ -280,21 +292,26 @@ class Controller:
 
     # --- desired state -----------------------------------------------------
 
-    def _mac(self, addr: ipaddress.IPv4Address, configured: str | None,
-             resolve: bool = True) -> str | None:
-        """The backend's MAC, or None when it does not answer ARP (asked again
-        only when ``resolve``: the retry tick, not every weight push)."""
+    def _mac(self, addr: IPAddress, configured: str | None,
+             resolve: bool = True, routed: bool = False) -> str | None:
+        """The backend's MAC, or None when it does not answer ARP or NDP (asked
+        again only when ``resolve``: the retry tick, not every weight push).
+        ``routed`` (a tunnel pool's backend): the MAC of the next hop towards
+        it when it is not on a connected network."""
         if configured:
             return configured
-        if addr not in self.macs and (resolve or addr not in self.unresolved_addrs):
+        key = (addr, routed)
+        if key not in self.macs:
+            if not resolve and key in self.unresolved_addrs:
+                return None  # still unresolved: the retry tick asks again
             try:
-                self.macs[addr] = resolve_mac(addr, self.config.appliance.netns)
+                self.macs[key] = resolve_mac(addr, self.config.appliance.netns, routed=routed)
             except NeighbourError as err:
                 log.warning("%s: taken out of the ring until it answers", err)
-                self.unresolved_addrs.add(addr)
+                self.unresolved_addrs.add(key)
                 return None
-        self.unresolved_addrs.discard(addr)
-        return self.macs[addr]
+        self.unresolved_addrs.discard(key)
+        return self.macs[key]
 
     def _ring(self, pool: str, decisions: tuple[BackendDecision, ...], ring_size: int,
               ids: dict[str, int] | None = None) -> np.ndarray:
@@ -328,7 +345,10 @@ class Controller:
 
         # MACs first: whether a backend can be addressed at all is one of the
         # inputs of its decision.
-        macs = {b.name: self._mac(b.address, b.mac, resolve) for b in backends}
+        routed = {b.name for name in config.tunnel_pools() if name in config.pools
+                  for b in config.pools[name].backends}
+        macs = {b.name: self._mac(b.address, b.mac, resolve, b.name in routed)
+                for b in backends}
         decider.set_unresolved(name for name, mac in macs.items() if mac is None)
         decisions = decider.all_decisions(now)
         decided = {d.name: d for ds in decisions.values() for d in ds}
@@ -588,7 +608,8 @@ class Controller:
 
     def step(self) -> None:
         """One turn of the loop: restart a dead data plane, apply a reload,
-        retry a failed push, and look again for backends that did not ARP."""
+        retry a failed push, and look again for backends that did not answer
+        ARP or NDP."""
         now = time.monotonic()
         self._note_turn(now)
         if self.dataplane.restart_if_dead():

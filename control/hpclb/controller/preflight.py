@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Iterator
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 
 from hpclb.config import ConfigError, ConfigIssue, HpclbConfig
@@ -30,13 +30,22 @@ def _netns_problem(netns: str | None) -> str | None:
     return None if path.exists() else f"appliance.netns: {netns} does not exist ({path})"
 
 
-def _not_local(addresses: list[IPv4Address], netns: str | None) -> list[IPv4Address]:
+Address = IPv4Address | IPv6Address
+
+
+def _host_address(host: str) -> Address:
+    """A service's host as the schema accepts it: IPv4, or IPv6 in brackets."""
+    return ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+
+
+def _not_local(addresses: list[Address], netns: str | None) -> list[Address]:
     """Those of ``addresses`` that no interface of the namespace holds: binding
     one fails with EADDRNOTAVAIL (port 0, so nothing else is disturbed)."""
-    def probe() -> list[IPv4Address]:
+    def probe() -> list[Address]:
         missing = []
         for addr in addresses:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
                 try:
                     s.bind((str(addr), 0))
                 except OSError as err:
@@ -51,18 +60,18 @@ def _not_local(addresses: list[IPv4Address], netns: str | None) -> list[IPv4Addr
         return probe()
 
 
-def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, IPv4Address]]:
+def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, Address]]:
     """(field, address) of every address a service of the appliance binds."""
     app = config.appliance
     if app.management_address is not None:
         yield "appliance.management_address", app.management_address
     if config.telemetry is not None:
         host = config.telemetry.bind_host
-        addr = IPv4Address(host) if host else app.management_address
+        addr = _host_address(host) if host else app.management_address
         if addr is not None:  # the schema requires one or the other
             yield "telemetry.bind", addr
     if app.metrics_endpoint is not None:
-        yield "appliance.metrics", IPv4Address(app.metrics_endpoint[0])
+        yield "appliance.metrics", _host_address(app.metrics_endpoint[0])
 
 
 def host_problems(config: HpclbConfig) -> list[str]:
@@ -83,7 +92,7 @@ def host_problems(config: HpclbConfig) -> list[str]:
             load_allow_list(t.allow_dir)
         except AllowListError as err:
             problems.append(f"telemetry.allow_dir: {err}")
-    fields: dict[IPv4Address, list[str]] = {}
+    fields: dict[Address, list[str]] = {}
     for field, addr in service_addresses(config):
         fields.setdefault(addr, []).append(field)
     try:

@@ -1,7 +1,9 @@
 """Health probes of the control plane.
 
-``HealthChecker`` probes backends with ICMP echo (one shared socket), TCP connect
-or HTTP GET on a per-backend schedule (``ProbeScheduler``), turns results into
+``HealthChecker`` probes backends with ICMP echo (ICMPv6 for IPv6 backends; one
+shared socket per family), TCP connect, or HTTP GET in clear or over TLS (HTTPS),
+to IPv4 and IPv6 addresses alike, on a per-backend schedule (``ProbeScheduler``),
+turns results into
 up/down with rise/fall and flap damping (``HealthState``), reports transitions
 and keeps each backend's last RTT, the network-latency input of :mod:`hpclb.balancing.weights`.
 A probe spoiled on the appliance's own side (out of descriptors, a stalled loop,
@@ -12,7 +14,7 @@ The per-pool configuration model is :mod:`hpclb.config.probes`.
 from __future__ import annotations
 
 from .checker import ALARM_HOLD_S, BackendStatus, HealthChecker
-from .http import http_get
+from .http import http_get, tls_context
 from .icmp import IcmpPinger, open_icmp_socket
 from .result import LOCAL_CAUSES, LOCAL_ERRNOS, TIMEOUT, ProbeError, ProbeResult, local_cause
 from .rise_fall import Damper, HealthState, Transition
@@ -41,4 +43,5 @@ __all__ = [
     "open_icmp_socket",
     "place_phases",
     "stall_during",
+    "tls_context",
 ]

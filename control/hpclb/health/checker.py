@@ -16,6 +16,8 @@ import dataclasses
 import ipaddress
 import logging
 import math
+import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from typing import Any
 
 from hpclb.config.probes import ProbeConfig
 
-from .http import http_get
+from .http import default_server_name, http_get, tls_context
 from .icmp import IcmpPinger, Mode
 from .result import LOCAL_CAUSES, TIMEOUT, ProbeError, ProbeResult
 from .rise_fall import HealthState, Transition
@@ -127,8 +129,11 @@ def _canonical(address: str, kind: str) -> str:
     except ValueError:
         raise ValueError(f"backend address {address!r} is not an IP address (names are "
                          "resolved when the configuration is loaded, not per probe)") from None
-    if kind == "icmp" and ip.version != 4:
-        raise ValueError(f"ICMP probes are IPv4 only for now: {address!r}")
+    if getattr(ip, "scope_id", None):
+        # A link-local address needs its interface on every send; backends are
+        # reached by routable (global or unique local) addresses.
+        raise ValueError(f"backend address {address!r}: a scoped (link-local) address "
+                         f"cannot be probed by {kind}; give a routable one")
     return str(ip)
 
 
@@ -167,10 +172,12 @@ class HealthChecker:
     loop; exceptions are logged and counted), else to the :attr:`transitions`
     queue. ``on_result`` (optional) sees every probe outcome, for metrics.
 
-    ICMP needs a raw socket (root) or a ping socket; the checker opens one, shared
-    by all ICMP backends, when the first ICMP backend is added (``icmp_mode``),
-    unless ``pinger`` is given (then the caller owns it and closes it). TCP
-    backends share one TcpConnector, opened with the first of them.
+    ICMP needs a raw socket (root) or a ping socket; the checker opens one per
+    family (ICMP for IPv4 backends, ICMPv6 for IPv6 ones), shared by all ICMP
+    backends of that family, when the first of them is added (``icmp_mode``),
+    unless ``pinger`` is given (then it serves its family, and the caller owns it
+    and closes it). TCP backends share one TcpConnector, opened with the first of
+    them. HTTPS backends share one TLS context per (verify, ca_file).
 
     Sockets live in the network namespace of the thread that creates them: to
     probe from the appliance's namespace, run the loop in a
@@ -188,8 +195,10 @@ class HealthChecker:
         #: transitions are rare, and damping bounds a flapping backend's share).
         self.transitions: asyncio.Queue[Transition] | None = (
             None if on_transition is not None else asyncio.Queue())
-        self._pinger = pinger
-        self._own_pinger = pinger is None
+        # One pinger per address family, opened when first needed.
+        self._pingers: dict[int, IcmpPinger] = {} if pinger is None else {pinger.family: pinger}
+        self._given_pinger = pinger
+        self._tls: dict[tuple[bool, str | None], ssl.SSLContext] = {}
         self._tcp: TcpConnector | None = None
         self._icmp_mode: Mode = icmp_mode
         self._clock = clock
@@ -285,7 +294,7 @@ class HealthChecker:
     def stats(self) -> dict[str, int]:
         """Counters for metrics: probes, failures, unknown results (in all and
         ``unknown_<cause>`` for every cause in LOCAL_CAUSES), missed slots, errors,
-        ICMP and TCP counters."""
+        ICMP (``icmp_*``; ICMPv6: ``icmp6_*``) and TCP counters."""
         out = {
             "backends": len(self._backends),
             "probes": self.probes,
@@ -297,8 +306,9 @@ class HealthChecker:
             "probe_errors": self._scheduler.probe_errors,
             "callback_errors": self.callback_errors + self._scheduler.callback_errors,
         }
-        if self._pinger is not None:
-            out.update({f"icmp_{k}": v for k, v in self._pinger.counters.items()})
+        for family, pinger in sorted(self._pingers.items()):
+            prefix = "icmp6" if family == socket.AF_INET6 else "icmp"
+            out.update({f"{prefix}_{k}": v for k, v in pinger.counters.items()})
         if self._tcp is not None:
             out.update({f"tcp_{k}": v for k, v in self._tcp.counters.items()})
         return out
@@ -336,7 +346,13 @@ class HealthChecker:
 
     @property
     def pinger(self) -> IcmpPinger | None:
-        return self._pinger
+        """The IPv4 pinger, if one is open (``pingers`` has both families)."""
+        return self._pingers.get(socket.AF_INET)
+
+    @property
+    def pingers(self) -> dict[int, IcmpPinger]:
+        """{address family: its pinger}, for the families probed so far."""
+        return dict(self._pingers)
 
     # -- life cycle --
 
@@ -346,8 +362,9 @@ class HealthChecker:
             return
         self._closed = True
         self._scheduler.close()
-        if self._pinger is not None and self._own_pinger:
-            self._pinger.close()
+        for pinger in self._pingers.values():
+            if pinger is not self._given_pinger:
+                pinger.close()
         if self._tcp is not None:
             self._tcp.close()
 
@@ -361,17 +378,33 @@ class HealthChecker:
 
     def _probe_fn(self, address: str, config: ProbeConfig) -> ProbeFn:
         timeout = config.timeout
+        family = socket_family(address)
         if config.kind == "icmp":
-            pinger = self._icmp()
+            pinger = self._icmp(family)
             return lambda: pinger.ping(address, timeout)
         port = config.effective_port
-        assert port is not None  # ProbeConfig requires it for tcp, defaults it for http
+        assert port is not None  # ProbeConfig requires it for tcp, defaults it for http(s)
         if config.kind == "tcp":
             connector = self._connector()
-            family = socket_family(address)
             return lambda: connector.connect(address, port, timeout, family)
+        if config.kind == "https":
+            tls = self._tls_context(config)
+            name = config.server_name or default_server_name(address, config.host)
+            return lambda: http_get(address, port, timeout, path=config.path,
+                                    host=config.host, accepts=config.accepts, tls=tls,
+                                    server_name=name)
         return lambda: http_get(address, port, timeout, path=config.path, host=config.host,
                                 accepts=config.accepts)
+
+    def _tls_context(self, config: ProbeConfig) -> ssl.SSLContext:
+        """One context per (verify, ca_file), shared: loading a CA bundle per
+        backend would cost 10,000 loads of the same file. ValueError when the CA
+        file cannot be used."""
+        ca_file = None if config.ca_file is None else str(config.ca_file)
+        key = (config.verify, ca_file)
+        if key not in self._tls:
+            self._tls[key] = tls_context(config.verify, ca_file)
+        return self._tls[key]
 
     def _connector(self) -> TcpConnector:
         if self._closed:
@@ -380,12 +413,13 @@ class HealthChecker:
             self._tcp = TcpConnector()
         return self._tcp
 
-    def _icmp(self) -> IcmpPinger:
+    def _icmp(self, family: socket.AddressFamily) -> IcmpPinger:
         if self._closed:
             raise ProbeError("health checker is closed")
-        if self._pinger is None:
-            self._pinger = IcmpPinger(mode=self._icmp_mode)
-        return self._pinger
+        pinger = self._pingers.get(family)
+        if pinger is None:
+            pinger = self._pingers[family] = IcmpPinger(mode=self._icmp_mode, family=family)
+        return pinger
 
     def _outcome(self, outcome: ProbeOutcome) -> None:
         backend = self._backends.get(outcome.name)

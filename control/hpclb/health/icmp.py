@@ -1,15 +1,20 @@
-"""ICMP echo for any number of targets over one socket.
+"""ICMP and ICMPv6 echo for any number of targets over one socket per family.
 
-One raw ICMP socket (the appliance runs as root) serves every target; when raw
-sockets are refused, an unprivileged ping socket (``SOCK_DGRAM``/``IPPROTO_ICMP``,
-allowed by ``net.ipv4.ping_group_range``) does the same job. Replies are matched to
+One raw ICMP socket (the appliance runs as root) serves every target of its
+family; when raw sockets are refused, an unprivileged ping socket
+(``SOCK_DGRAM``/``IPPROTO_ICMP`` or ``IPPROTO_ICMPV6``, allowed for both families
+by ``net.ipv4.ping_group_range``) does the same job. Replies are matched to
 probes by (identifier, sequence) and by an 8-byte token echoed in the payload, so
 a late reply to a recycled sequence number, another program's ping, or a forged
 reply without the token cannot pass for an answer. Anything that does not parse
 or does not match is dropped and counted (:attr:`IcmpPinger.counters`), never
 raised.
 
-IPv4 only for now, like the data planes.
+The two families differ only in their wire details (:class:`_Proto`): ICMPv6 has
+its own type numbers, the kernel computes its checksum (it covers a pseudo-header
+we do not see) and a raw ICMPv6 socket hands over no IP header; an error quotes
+the IPv6 header of our request instead of the IPv4 one. An :class:`IcmpPinger`
+serves one family; the health checker keeps one per family it needs.
 """
 
 from __future__ import annotations
@@ -32,9 +37,19 @@ DEST_UNREACH = 3
 ECHO_REQUEST = 8
 TIME_EXCEEDED = 11
 
+# ICMPv6 (RFC 4443): its own numbers.
+ECHO6_REQUEST = 128
+ECHO6_REPLY = 129
+DEST6_UNREACH = 1
+TIME6_EXCEEDED = 3
+
 # <linux/icmp.h>: a raw ICMP socket's type filter, a bitmask of types to *drop*.
 SOL_RAW = 255
 ICMP_FILTER = 1
+# <netinet/icmp6.h>: ICMP6_FILTER at level IPPROTO_ICMPV6, 256 bits (8 u32 in host
+# order), a set bit *blocks* that type.
+ICMP6_FILTER = 1
+_IPV6_HDR = 40
 
 _HDR = struct.Struct("!BBHHH")  # type, code, checksum, identifier, sequence
 _TOKEN = struct.Struct("!4sI")  # per-pinger secret, per-probe counter
@@ -44,7 +59,37 @@ _RECV_BATCH = 256  # replies read per wake-up before letting other callbacks run
 
 Mode = Literal["auto", "raw", "dgram"]
 
+
+@dataclass(frozen=True, slots=True)
+class _Proto:
+    """What differs between ICMP and ICMPv6 for a pinger."""
+
+    family: socket.AddressFamily
+    proto: int  # IPPROTO_ICMP / IPPROTO_ICMPV6
+    echo_request: int
+    echo_reply: int
+    unreach: int
+    time_exceeded: int
+    what: str  # in error messages: "a dotted IPv4 address", "an IPv6 address"
+
+
+_V4 = _Proto(socket.AF_INET, socket.IPPROTO_ICMP, ECHO_REQUEST, ECHO_REPLY, DEST_UNREACH,
+             TIME_EXCEEDED, "a dotted IPv4 address")
+_V6 = _Proto(socket.AF_INET6, socket.IPPROTO_ICMPV6, ECHO6_REQUEST, ECHO6_REPLY,
+             DEST6_UNREACH, TIME6_EXCEEDED, "an IPv6 address")
+
+
+def _proto(family: int) -> _Proto:
+    if family == socket.AF_INET:
+        return _V4
+    if family == socket.AF_INET6:
+        return _V6
+    raise ValueError(f"ICMP needs an AF_INET or AF_INET6 socket, not family {family}")
+
+
 #: Every counter an IcmpPinger keeps (all present in `counters`, zeros too).
+#: "malformed" covers, on an IPv4 raw socket, a bad IP header; the kernel has
+#: checked the IPv6 header before an ICMPv6 socket sees anything.
 COUNTERS: tuple[str, ...] = (
     "sent",  # echo requests handed to the kernel
     "replies",  # matched echo replies
@@ -74,36 +119,59 @@ def echo_request(ident: int, seq: int, payload: bytes) -> bytes:
     return _HDR.pack(ECHO_REQUEST, 0, checksum(unsummed), ident, seq) + payload
 
 
-def open_icmp_socket(mode: Mode = "auto", rcvbuf: int = 4 << 20) -> socket.socket:
-    """A non-blocking ICMP socket: raw if allowed (and asked), else a ping socket.
+def echo6_request(ident: int, seq: int, payload: bytes) -> bytes:
+    """An ICMPv6 echo request, checksum left 0: the kernel fills it in on every
+    ICMPv6 socket (RFC 3542; it covers the IPv6 pseudo-header, addresses the
+    kernel picks)."""
+    return _HDR.pack(ECHO6_REQUEST, 0, 0, ident, seq) + payload
+
+
+def _filter(proto: _Proto) -> tuple[int, int, bytes]:
+    """(level, option, value) of the raw socket's type filter that lets through
+    only what can answer a probe: a raw socket otherwise also sees every echo
+    request, ours included on loopback, doubling the work."""
+    wanted = (proto.echo_reply, proto.unreach, proto.time_exceeded)
+    if proto is _V4:
+        bits = sum(1 << t for t in wanted)
+        return SOL_RAW, ICMP_FILTER, struct.pack("I", ~bits & 0xFFFFFFFF)
+    words = [0xFFFFFFFF] * 8  # block everything...
+    for t in wanted:  # ...but these
+        words[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
+    return socket.IPPROTO_ICMPV6, ICMP6_FILTER, struct.pack("8I", *words)
+
+
+def open_icmp_socket(mode: Mode = "auto", rcvbuf: int = 4 << 20,
+                     family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
+    """A non-blocking ICMP (``AF_INET``) or ICMPv6 (``AF_INET6``) socket: raw if
+    allowed (and asked), else a ping socket.
 
     ``rcvbuf`` is asked for so that a burst of replies from thousands of targets is
     not dropped by the kernel while the event loop is busy; the kernel caps it at
     ``net.core.rmem_max``.
     """
+    proto = _proto(family)
+    name = "ICMP" if proto is _V4 else "ICMPv6"
     errors: list[str] = []
     if mode in ("auto", "raw"):
         try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+            sock = socket.socket(family, socket.SOCK_RAW, proto.proto)
         except PermissionError as exc:
-            errors.append(f"raw ICMP socket refused ({exc.strerror}; needs CAP_NET_RAW)")
+            errors.append(f"raw {name} socket refused ({exc.strerror}; needs CAP_NET_RAW)")
         else:
-            # Let through only what can answer a probe: a raw socket otherwise also
-            # sees every echo request, ours included on loopback, doubling the work.
-            wanted = (1 << ECHO_REPLY) | (1 << DEST_UNREACH) | (1 << TIME_EXCEEDED)
-            sock.setsockopt(SOL_RAW, ICMP_FILTER, struct.pack("I", ~wanted & 0xFFFFFFFF))
+            sock.setsockopt(*_filter(proto))
             return _prepare(sock, rcvbuf)
     if mode in ("auto", "dgram"):
         try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+            sock = socket.socket(family, socket.SOCK_DGRAM, proto.proto)
         except PermissionError as exc:
+            # One sysctl for both families (the kernel's ping sockets share it).
             errors.append(f"ping socket refused ({exc.strerror}; the group is not in "
                           "net.ipv4.ping_group_range)")
         else:
             return _prepare(sock, rcvbuf)
     if mode not in ("auto", "raw", "dgram"):
         raise ValueError(f"ICMP socket mode {mode!r} is not auto, raw or dgram")
-    raise ProbeError("cannot probe with ICMP: " + "; ".join(errors))
+    raise ProbeError(f"cannot probe with {name}: " + "; ".join(errors))
 
 
 def _prepare(sock: socket.socket, rcvbuf: int) -> socket.socket:
@@ -116,7 +184,7 @@ def _prepare(sock: socket.socket, rcvbuf: int) -> socket.socket:
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[ProbeResult]
-    dst: bytes  # packed IPv4 address: the only source a reply may come from
+    dst: bytes  # packed address: the only source a reply may come from
     token: bytes
     sent_ns: int
     probe_no: int  # tells a recycled sequence number's probes apart at expiry
@@ -125,13 +193,18 @@ class _Pending:
 class IcmpPinger:
     """Sends echo requests and resolves each probe's future with its result.
 
-    Create it inside the event loop that will use it. It owns its socket (given or
-    opened with ``mode``) and closes it in :meth:`close`.
+    Create it inside the event loop that will use it. It owns its socket (given, of
+    the family it then serves, or opened with ``mode`` for ``family``) and closes
+    it in :meth:`close`.
     """
 
-    def __init__(self, sock: socket.socket | None = None, *, mode: Mode = "auto") -> None:
+    def __init__(self, sock: socket.socket | None = None, *, mode: Mode = "auto",
+                 family: socket.AddressFamily = socket.AF_INET) -> None:
         self._loop = asyncio.get_running_loop()
-        self._sock = sock if sock is not None else open_icmp_socket(mode)
+        self._proto = _proto(sock.family if sock is not None else family)
+        #: AF_INET or AF_INET6: the addresses this pinger probes.
+        self.family = self._proto.family
+        self._sock = sock if sock is not None else open_icmp_socket(mode, family=self.family)
         self._sock.setblocking(False)
         #: "raw" or "dgram": what the kernel gave us.
         self.mode: str = "raw" if self._sock.type == socket.SOCK_RAW else "dgram"
@@ -151,13 +224,15 @@ class IcmpPinger:
     # -- sending --
 
     def ping(self, address: str, timeout: float) -> asyncio.Future[ProbeResult]:
-        """Send one echo request to ``address`` (dotted IPv4); the future resolves
-        with the result within ``timeout`` seconds. Cancelling it abandons the probe.
+        """Send one echo request to ``address`` (an IP literal of the pinger's
+        family, no scope); the future resolves with the result within ``timeout``
+        seconds. Cancelling it abandons the probe.
         """
+        proto = self._proto
         try:
-            dst = socket.inet_pton(socket.AF_INET, address)
+            dst = socket.inet_pton(proto.family, address)
         except (OSError, TypeError):
-            raise ValueError(f"{address!r} is not a dotted IPv4 address") from None
+            raise ValueError(f"{address!r} is not {proto.what}") from None
         check_timeout(timeout)
         fut: asyncio.Future[ProbeResult] = self._loop.create_future()
         if self._closed:
@@ -169,7 +244,9 @@ class IcmpPinger:
             return fut
         self._probe_no = (self._probe_no + 1) & 0xFFFFFFFF
         token = _TOKEN.pack(self._secret, self._probe_no)
-        packet = echo_request(self._ident, seq, token + bytes(8))
+        payload = token + bytes(8)
+        packet = (echo_request(self._ident, seq, payload) if proto is _V4
+                  else echo6_request(self._ident, seq, payload))
         sent_ns = time.monotonic_ns()
         try:
             self._sock.sendto(packet, (address, 0))
@@ -218,9 +295,19 @@ class IcmpPinger:
             self.handle_packet(data, addr[0], time.monotonic_ns())
 
     def handle_packet(self, data: bytes, src: str, recv_ns: int) -> None:
-        """Match one received datagram (IP header included on a raw socket) to a
-        probe. Public so that tests can feed it malformed input directly."""
-        if self.mode == "raw":
+        """Match one received datagram (IP header included on a raw IPv4 socket) to
+        a probe. Public so that tests can feed it malformed input directly."""
+        proto = self._proto
+        if proto is _V6:
+            # No IP header on any ICMPv6 socket; the source comes from recvfrom
+            # (a link-local one with its "%scope", which is no part of the address).
+            off = 0
+            try:
+                src_packed = socket.inet_pton(socket.AF_INET6, src.partition("%")[0])
+            except (OSError, TypeError, AttributeError):
+                self.counters["malformed"] += 1
+                return
+        elif self.mode == "raw":
             # A raw socket hands over the IP header too: check it before trusting
             # its length field.
             if len(data) < _MIN_IP_HDR or data[0] >> 4 != 4 \
@@ -240,9 +327,9 @@ class IcmpPinger:
             self.counters["malformed"] += 1
             return
         icmp_type, code, _, ident, seq = _HDR.unpack_from(data, off)
-        if icmp_type == ECHO_REPLY:
+        if icmp_type == proto.echo_reply:
             self._on_reply(data, off, src_packed, ident, seq, recv_ns)
-        elif icmp_type in (DEST_UNREACH, TIME_EXCEEDED):
+        elif icmp_type in (proto.unreach, proto.time_exceeded):
             self._on_error(data, off + _HDR.size, icmp_type, code)
         else:
             self.counters["unexpected"] += 1
@@ -265,24 +352,44 @@ class IcmpPinger:
         self.counters["replies"] += 1
         entry.future.set_result(ProbeResult.success(recv_ns - entry.sent_ns))
 
+    def _quote(self, data: bytes, inner: int) -> tuple[int, bytes] | None:
+        """(offset of the quoted ICMP header, quoted destination) of the request an
+        error quotes, None when the quote is no IP header of ours (counted)."""
+        if self._proto is _V6:
+            # The fixed IPv6 header, then our echo request: we never send extension
+            # headers, so a quote with any is not of ours.
+            if len(data) < inner + _IPV6_HDR or data[inner] >> 4 != 6:
+                self.counters["malformed"] += 1
+                return None
+            inner_icmp, next_header = inner + _IPV6_HDR, data[inner + 6]
+            dst = data[inner + 24:inner + 40]
+        else:
+            if len(data) < inner + _MIN_IP_HDR or data[inner] >> 4 != 4 \
+                    or data[inner] & 0x0F < 5:
+                self.counters["malformed"] += 1
+                return None
+            inner_icmp, next_header = inner + (data[inner] & 0x0F) * 4, data[inner + 9]
+            dst = data[inner + 16:inner + 20]
+        if next_header != self._proto.proto or len(data) < inner_icmp + _HDR.size:
+            self.counters["unexpected"] += 1
+            return None
+        return inner_icmp, dst
+
     def _on_error(self, data: bytes, inner: int, icmp_type: int, code: int) -> None:
         # The error quotes our request: its IP header, then at least 8 bytes of ICMP.
-        if len(data) < inner + _MIN_IP_HDR or data[inner] >> 4 != 4 or data[inner] & 0x0F < 5:
-            self.counters["malformed"] += 1
+        quote = self._quote(data, inner)
+        if quote is None:
             return
-        inner_icmp = inner + (data[inner] & 0x0F) * 4
-        if data[inner + 9] != socket.IPPROTO_ICMP or len(data) < inner_icmp + _HDR.size:
-            self.counters["unexpected"] += 1
-            return
+        inner_icmp, dst = quote
         q_type, _, _, q_ident, q_seq = _HDR.unpack_from(data, inner_icmp)
         entry = self._pending.get(q_seq)
-        if q_type != ECHO_REQUEST or q_ident != self._ident or entry is None \
-                or entry.dst != data[inner + 16:inner + 20] or entry.future.done():
+        if q_type != self._proto.echo_request or q_ident != self._ident or entry is None \
+                or entry.dst != dst or entry.future.done():
             self.counters["unexpected"] += 1
             return
         del self._pending[q_seq]
         self.counters["errors"] += 1
-        what = "unreachable" if icmp_type == DEST_UNREACH else "ttl exceeded"
+        what = "unreachable" if icmp_type == self._proto.unreach else "ttl exceeded"
         entry.future.set_result(ProbeResult.failure(f"icmp {what} (code {code})"))
 
     # -- life cycle --

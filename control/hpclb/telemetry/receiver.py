@@ -5,6 +5,12 @@
     await rx.start(); ...; await rx.stop()          # inside an asyncio loop, or
     th = ReceiverThread(rx); th.start(); ...; th.stop()   # from synchronous code
 
+Where: ``bind`` is ``tcp://ADDRESS:PORT``, an IPv4 address or an IPv6 one in
+brackets (``tcp://[fd00::1]:5557``): the listener is then an AF_INET6 socket and
+libzmq's gets ZMQ_IPV6. Agents dial it by that address; nothing below depends on
+the family (the ZAP decision is made on the CURVE key alone, never on the peer's
+address, and connections are counted by file descriptor).
+
 Who may send: the allow-list directory holds one pyzmq public certificate per
 agent, named ``<node id>.key`` (``hpclb-agent keygen DIR --name <node id>`` writes
 it). A CURVE handshake from any other key is refused by the ZAP handler and counted
@@ -281,7 +287,10 @@ def _parse_bind(bind: str) -> tuple[socket.AddressFamily, tuple[str, int]]:
         port = 0 if port_text == "*" else int(port_text)
         if port > 65535:
             raise ValueError(f"port {port} out of range")
-        addr = ipaddress.ip_address("0.0.0.0" if host == "*" else host)
+        if m.group(1).startswith("["):  # brackets hold an IPv6 address, nothing else
+            addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv6Address(host)
+        else:
+            addr = ipaddress.ip_address("0.0.0.0" if host == "*" else host)
     except ValueError as err:
         raise zmq.ZMQError(errno.EINVAL, f"telemetry bind {bind!r}: {err}") from None
     family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
