@@ -187,6 +187,42 @@ def test_existing_prefix_refused_then_cleaned() -> None:
     assert Lab.existing_namespaces(prefix) == []
 
 
+def test_dual_stack_lab_has_ipv6_beside_ipv4() -> None:
+    """``ipv6=True``: ULA addresses without DAD, the IPv6 VIP on the backends' lo
+    (never answered on eth0: Linux solicits only for its interface's addresses),
+    the client's IPv6 VIP route via the appliance; the backend servers answer IPv6."""
+    with Lab(prefix=unique_prefix(), backends=1, ipv6=True) as lab:
+        assert lab.vips6 == ("fd48:4c01::10",)
+        lab.start_backend(1, udp=True)
+        report = lab.run_client(lab.ip6_of("b1"), connections=5)
+        assert report["counts"] == {"b1": 5}, report
+        assert lab.udp_flows(lab.ip6_of("b1"), 8080, "20000-20002") == dict.fromkeys(
+            ("20000", "20001", "20002"), "b1")
+        lo = lab.exec("b1", ["ip", "-6", "-o", "addr", "show", "dev", "lo"]).stdout
+        assert "fd48:4c01::10/128" in lo
+        route = lab.exec("cli", ["ip", "-6", "route", "get", "fd48:4c01::10"]).stdout
+        assert f"via {lab.ip6_of('lb')}" in route
+        eth = lab.exec("b1", ["ip", "-6", "-o", "addr", "show", "dev", "eth0"]).stdout
+        assert "tentative" not in eth and "fd48:4c00::11/64" in eth
+    with pytest.raises(ValueError, match="dual-stack"):
+        Lab(prefix=unique_prefix(), vips=("fd48:4c01::10",))
+
+
+def test_cleanup_stale_removes_the_tunnel_labs_router() -> None:
+    from hpclb.lab.tunnel import TunnelLab
+
+    prefix = unique_prefix()
+    crashed = TunnelLab(prefix=prefix, backends=1, decap_obj=False).up()
+    try:
+        assert f"{prefix}-rt" in Lab.existing_namespaces(prefix)
+        assert crashed.ping("cli", crashed.backend_ip(1))  # through the router
+        assert crashed.ping("b1", crashed.ip6_of("cli"))
+    finally:
+        Lab.cleanup_stale(prefix)
+        crashed.down()
+    assert Lab.existing_namespaces(prefix) == []
+
+
 def test_cleanup_stale_removes_a_killed_runs_namespaces() -> None:
     prefix = unique_prefix()
     proc = _lab_in_child(prefix)

@@ -234,7 +234,10 @@ def claim_vips(vips: Iterable[str | ipaddress.IPv4Address], record_path: Path,
     addresses back and lose their blackhole. Idempotent; an empty ``vips``
     gives everything back and removes the record. Returns what it changed:
     {"taken": [...], "blackholed": [...], "released": [...]}."""
-    wanted = {str(ipaddress.IPv4Address(str(v))) for v in vips}
+    # IPv4 VIPs only for now (lab helper's stop-gap: an IPv6 VIP stays on the
+    # kernel's lo, unclaimed, instead of failing the start).
+    wanted = {str(ipaddress.IPv4Address(str(v))) for v in vips
+              if ipaddress.ip_address(str(v)).version == 4}
     record: dict[str, Any] = {"kind": VIP_RECORD_KIND, "addresses": [], "blackholes": []}
     if record_path.exists():
         record = json.loads(record_path.read_text())

@@ -28,10 +28,15 @@ from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.supervisor import stop_child, terminate_pid
 from hpclb.lab.gateway import CLUSTER_ETH, GatewayLab
 from hpclb.lab.topology import Lab
+from hpclb.lab.tunnel import TunnelLab
 
 LAB_HASH_KEY = "000102030405060708090a0b0c0d0e0f"
 LAB_VIP = "198.18.1.10"
+LAB_VIP6 = "fd48:4c01::10"  # hpclb.lab.topology.DEFAULT_VIP6
 LAB_PORT = 8080
+# Tunnel mode's outer source prefixes in the lab: on the client network (what the
+# router forwards from), holding no VIP or backend address; 4 bits per flow.
+LAB_TUNNEL_SOURCE = {4: "198.18.0.240/28", 6: "fd48:4c00::f0/124"}
 # Where the node agents publish: a port on the appliance's lab address, which
 # `hpclb run`'s telemetry receiver binds inside the appliance namespace.
 LAB_TELEMETRY_PORT = 5557
@@ -65,6 +70,17 @@ class LabAppliance:
     configuration's ``nat:`` section as a dict, written as given; ``vip_options``:
     more fields of every VIP (e.g. a NAT VIP's backend port). :meth:`config_problem`
     says whether this build's configuration accepts what would be written.
+
+    ``vips``: the VIP addresses (default ``LAB_VIP``), each served on TCP and UDP
+    ``LAB_PORT``; a dual-stack lab (``Lab(ipv6=True)``) takes IPv6 ones too. A DSR
+    VIP's pool is of its family: ``lab`` holds the backends by their IPv4 addresses,
+    ``lab6`` by their IPv6 ones (named ``b1-v6``...; a weight or state change of
+    ``b1`` changes both). ``"tunnel"`` (a ``TunnelLab``: backends behind a router;
+    or the one-LAN lab, whose backends are on-link, as the benchmark has it)
+    puts every VIP on one pool of the ``backend_family`` (the outer headers'), with
+    the ``tunnel`` block given (default: IPIP from ``LAB_TUNNEL_SOURCE``); its
+    backends' MACs are the router's (the next hop), found by the control plane
+    or, with ``static_macs``, written into the configuration.
     """
 
     def __init__(self, lab: Lab, workdir: Path, weights: dict[str, float],
@@ -78,13 +94,24 @@ class LabAppliance:
                  env: Mapping[str, str] | None = None,
                  mode: str = "dsr",
                  nat: dict[str, Any] | None = None,
-                 vip_options: dict[str, Any] | None = None) -> None:
-        if mode not in ("dsr", "nat"):
-            raise ValueError(f"lab appliance mode must be dsr or nat, got {mode!r}")
+                 vip_options: dict[str, Any] | None = None,
+                 vips: Sequence[str] = (LAB_VIP,),
+                 backend_family: int = 4,
+                 tunnel: dict[str, Any] | None = None) -> None:
+        if mode not in ("dsr", "nat", "tunnel"):
+            raise ValueError(f"lab appliance mode must be dsr, nat or tunnel, got {mode!r}")
         if (mode == "nat") != isinstance(lab, GatewayLab):
             raise ValueError("NAT mode runs on a GatewayLab (two networks), DSR on a Lab")
+        if isinstance(lab, TunnelLab) and mode != "tunnel":
+            raise ValueError("a TunnelLab's backends are behind a router: tunnel mode only")
+        if backend_family not in (4, 6) or not vips:
+            raise ValueError("backend_family is 4 or 6, and vips names at least one VIP")
         self.lab = lab
         self.mode = mode
+        self.vips = tuple(vips)
+        self.backend_family = backend_family
+        self.tunnel = (dict(tunnel) if tunnel is not None
+                       else {"encap": "ipip", "source": LAB_TUNNEL_SOURCE[backend_family]})
         self.nat = nat
         self.vip_options = dict(vip_options or {})
         self.command_prefix = (list(command_prefix) if command_prefix is not None
@@ -116,12 +143,28 @@ class LabAppliance:
 
     # --- configuration ------------------------------------------------------
 
-    def config(self) -> dict[str, Any]:
+    @staticmethod
+    def pool_name(family: int) -> str:
+        return "lab" if family == 4 else "lab6"
+
+    @staticmethod
+    def backend_name(name: str, family: int) -> str:
+        """The configuration's name of backend ``name`` in the pool of ``family``."""
+        return name if family == 4 else f"{name}-v6"
+
+    def _vip_family(self, vip: str) -> int:
+        """The family of the pool VIP ``vip`` uses."""
+        if self.mode == "tunnel":
+            return self.backend_family
+        return 6 if ":" in vip else 4
+
+    def _pool(self, family: int) -> dict[str, Any]:
         gateway = self.mode == "nat"
         backends = [
-            {"name": name, "address": self.lab.ip_of(name), "weight": w,
+            {"name": self.backend_name(name, family),
+             "address": self.lab.address_of(name, family), "weight": w,
              "state": self.states[name]}
-            | ({"mac": self.lab.mac(name)} if self.static_macs else {})
+            | ({"mac": self.lab.backend_mac(name)} if self.static_macs else {})
             | ({"via": CLUSTER_ETH} if gateway else {})
             for name, w in self.weights.items()
         ]
@@ -130,7 +173,27 @@ class LabAppliance:
             pool["policy"] = self.policy
         if self.probe is not None:
             pool["probe"] = self.probe
+        if self.mode == "tunnel":
+            pool["tunnel"] = self.tunnel
         pool["backends"] = backends
+        return pool
+
+    def _vip_entries(self) -> list[dict[str, Any]]:
+        out = []
+        for i, vip in enumerate(self.vips):
+            stem = "lab" if i == 0 else (f"lab6-{i}" if ":" in vip else f"lab-{i}")
+            if i > 0 and ":" in vip and not any(":" in v for v in self.vips[:i]):
+                stem = "lab6"
+            pool = self.pool_name(self._vip_family(vip))
+            out += [{"name": f"{stem}-{proto}", "address": vip, "port": LAB_PORT,
+                     "protocol": proto, "mode": self.mode, "pool": pool, **self.vip_options}
+                    for proto in ("tcp", "udp")]
+        return out
+
+    def config(self) -> dict[str, Any]:
+        gateway = self.mode == "nat"
+        families = sorted({self._vip_family(v) for v in self.vips})
+        pools = {self.pool_name(f): self._pool(f) for f in families}
         telemetry = {} if self.telemetry is None else {"telemetry": self.telemetry}
         nat = {} if self.nat is None else {"nat": self.nat}
         interfaces: dict[str, Any] = {"ingress": "eth0"}
@@ -160,13 +223,8 @@ class LabAppliance:
             },
             **telemetry,
             **nat,
-            "pools": {"lab": pool},
-            "vips": [
-                {"name": "lab-tcp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "tcp",
-                 "mode": self.mode, "pool": "lab", **self.vip_options},
-                {"name": "lab-udp", "address": LAB_VIP, "port": LAB_PORT, "protocol": "udp",
-                 "mode": self.mode, "pool": "lab", **self.vip_options},
-            ],
+            "pools": pools,
+            "vips": self._vip_entries(),
         }
 
     def config_problem(self) -> str | None:

@@ -12,7 +12,8 @@ DEFAULT_CPS_SECONDS = 2.0
 def _cmd_demo(args: argparse.Namespace) -> int:
     from hpclb.lab.demo import run_demo
 
-    return run_demo(connections=args.connections, dataplane=args.dataplane, mode=args.mode)
+    return run_demo(connections=args.connections, dataplane=args.dataplane, mode=args.mode,
+                    ipv6=args.ipv6)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -37,9 +38,14 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p = sub.add_parser("demo", help="the lab demo on network namespaces")
     p.add_argument("--connections", type=int, default=600)
     p.add_argument("--dataplane", choices=["xdp", "dpdk"], default="xdp")
-    p.add_argument("--mode", choices=["dsr", "nat"], default="dsr",
+    p.add_argument("--mode", choices=["dsr", "nat", "tunnel"], default="dsr",
                    help="dsr: one LAN, backends answer the client directly; nat: the "
-                        "appliance as the gateway between a client and a cluster network")
+                        "appliance as the gateway between a client and a cluster network; "
+                        "tunnel: backends behind a router, reached through IPIP (GUE over "
+                        "IPv6 with --ipv6), decapsulating with an XDP program")
+    p.add_argument("--ipv6", action="store_true",
+                   help="dual stack: an IPv6 VIP beside the IPv4 one (dsr: the shares are "
+                        "measured on it; tunnel: GUE over IPv6 to IPv6 backends)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")

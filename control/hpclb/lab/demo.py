@@ -12,6 +12,13 @@ the appliance between the client network and the cluster network, VIPs in
 ``mode: nat``, backends with nothing on loopback whose default route is the
 appliance. A build whose configuration or data plane does not take NAT mode
 says so and stops before anything is started.
+
+``--mode tunnel`` runs it on the routed tunnel lab (``hpclb.lab.tunnel``): the
+backends on another network behind a router namespace, each decapsulating with
+``decap.bpf.o`` (XDP) and holding the VIP on loopback; the VIPs in ``mode:
+tunnel``, IPIP over IPv4 (with ``--ipv6``: GUE over IPv6, for an IPv4 and an
+IPv6 VIP). ``--ipv6`` alone: the one-LAN lab in dual stack, an IPv6 VIP beside
+the IPv4 one, the shares measured on the IPv6 VIP (DSR). NAT mode is IPv4 only.
 """
 
 from __future__ import annotations
@@ -19,10 +26,14 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance, LabApplianceError
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance, LabApplianceError
 from hpclb.lab.gateway import GatewayLab
 from hpclb.lab.topology import Lab, default_pass_obj
+from hpclb.lab.tunnel import DEFAULT_GUE_PORT, TunnelLab
+
+MODES = ("dsr", "nat", "tunnel")
 
 WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 2.0}
 
@@ -38,16 +49,45 @@ def _table(title: str, weights: dict[str, float], report: dict) -> None:
         print(f"  {name:8} {w:6.1f} {100 * w / total_w:8.1f}% {100 * got / ok:8.1f}%")
 
 
-def _make_lab(mode: str) -> Lab:
+def _make_lab(mode: str, ipv6: bool = False) -> Lab:
     if mode == "nat":
         return GatewayLab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
                           replace_stale=True)
+    if mode == "tunnel":
+        return TunnelLab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
+                         replace_stale=True)
     return Lab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
-               replace_stale=True)
+               replace_stale=True, ipv6=ipv6)
+
+
+def _appliance_options(mode: str, ipv6: bool) -> dict[str, Any]:
+    """LabAppliance's VIPs, backend family and tunnel block for the demo."""
+    if mode == "tunnel" and ipv6:
+        return {"vips": (LAB_VIP, LAB_VIP6), "backend_family": 6,
+                "tunnel": {"encap": "gue", "gue_port": DEFAULT_GUE_PORT,
+                           "source": "fd48:4c00::f0/124"}}
+    if mode == "tunnel":
+        return {"vips": (LAB_VIP,), "backend_family": 4,
+                "tunnel": {"encap": "ipip", "source": "198.18.0.240/28"}}
+    if ipv6:
+        return {"vips": (LAB_VIP, LAB_VIP6)}
+    return {}
 
 
 def _describe(lab: Lab, mode: str) -> str:
     backends = ", ".join(lab.ip_of(f"b{i}") for i in (1, 2, 3))
+    if isinstance(lab, TunnelLab):
+        six = ", ".join(lab.ip6_of(f"b{i}") for i in (1, 2, 3))
+        return (f"lab up ({mode}): client {lab.ip_of('cli')} and appliance "
+                f"{lab.ip_of('lb')} on the client network; router {lab.ip_of('rt')}; "
+                f"backends {backends} / {six} on the backend network behind it, each "
+                f"decapsulating with decap.bpf.o (XDP) and holding the VIPs on lo; "
+                f"VIPs {', '.join(lab.vips)} port {LAB_PORT}")
+    if lab.ipv6:
+        six = ", ".join(lab.ip6_of(f"b{i}") for i in (1, 2, 3))
+        return (f"lab up ({mode}, dual stack): client {lab.ip_of('cli')} / "
+                f"{lab.ip6_of('cli')}, appliance {lab.ip_of('lb')} / {lab.ip6_of('lb')}, "
+                f"backends {backends} / {six}, VIPs {LAB_VIP} and {LAB_VIP6} port {LAB_PORT}")
     if isinstance(lab, GatewayLab):
         return (f"lab up ({mode}): client {lab.ip_of('cli')} on the client network, "
                 f"appliance {lab.ip_of('lb')} (eth0) / {lab.gateway_ip} (eth1), backends "
@@ -65,20 +105,27 @@ def nat_unavailable(dataplane: str) -> str | None:
     return appliance.config_problem()
 
 
-def run_demo(connections: int = 600, dataplane: str = "xdp", mode: str = "dsr") -> int:
-    if mode not in ("dsr", "nat"):
-        raise ValueError(f"mode must be dsr or nat, got {mode!r}")
+def run_demo(connections: int = 600, dataplane: str = "xdp", mode: str = "dsr",
+             ipv6: bool = False) -> int:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "nat" and ipv6:
+        print("NAT mode is IPv4 only: run --ipv6 with --mode dsr or --mode tunnel")
+        return 2
     if mode == "nat" and (why := nat_unavailable(dataplane)) is not None:
         print(f"NAT mode is not available in this build yet: its configuration is "
               f"refused:\n{why}")
         return 2
-    with tempfile.TemporaryDirectory(prefix="hpclb-demo-") as tmp, _make_lab(mode) as lab:
+    options = _appliance_options(mode, ipv6)
+    with tempfile.TemporaryDirectory(prefix="hpclb-demo-") as tmp, \
+            _make_lab(mode, ipv6) as lab:
         print(_describe(lab, mode))
         lab.start_backends(LAB_PORT, udp=True)
-        appliance = LabAppliance(lab, Path(tmp), WEIGHTS, dataplane=dataplane, mode=mode)
+        appliance = LabAppliance(lab, Path(tmp), WEIGHTS, dataplane=dataplane, mode=mode,
+                                 **options)
         try:
             with appliance:
-                _show(lab, appliance, connections)
+                _show(lab, appliance, connections, LAB_VIP6 if ipv6 else LAB_VIP)
         except LabApplianceError as err:
             if mode != "nat":
                 raise
@@ -92,18 +139,22 @@ def run_demo(connections: int = 600, dataplane: str = "xdp", mode: str = "dsr") 
     return 0
 
 
-def _show(lab: Lab, appliance: LabAppliance, connections: int) -> None:
+def _show(lab: Lab, appliance: LabAppliance, connections: int, vip: str = LAB_VIP) -> None:
     hello = appliance.client.hello()
     print(f"appliance up: data plane {hello['dataplane']}, "
           f"attach mode {hello['attach_mode']}, ring {hello['ring_size']} slots"
           + (f", capabilities {hello['capabilities']}" if "capabilities" in hello else ""))
-    report = lab.run_client(LAB_VIP, LAB_PORT, connections=connections)
-    _table("shares of new connections", appliance.weights, report)
+    report = lab.run_client(vip, LAB_PORT, connections=connections)
+    _table(f"shares of new connections to {vip}", appliance.weights, report)
 
     appliance.set_weight("b1", 4.0)
     print("\nweight of b1 changed 1 -> 4 (config rewritten, SIGHUP)")
-    report = lab.run_client(LAB_VIP, LAB_PORT, connections=connections)
-    _table("shares after the change", appliance.weights, report)
+    report = lab.run_client(vip, LAB_PORT, connections=connections)
+    _table(f"shares after the change ({vip})", appliance.weights, report)
+    if isinstance(lab, TunnelLab):
+        print("\nbackends' decapsulation counters: " + "; ".join(
+            f"b{i} " + ", ".join(f"{k}={v}" for k, v in lab.decap_stats(i).items())
+            for i in (1, 2, 3)))
 
     counters = appliance.client.stats()["counters"]
     print("\ndata-plane counters: " + ", ".join(

@@ -45,6 +45,17 @@ UDP_PORT_RETRIES = 20
 
 IP_PKTINFO = 8  # Linux <netinet/in.h>; the socket module does not export it
 _PKTINFO = struct.Struct("=I4s4s")  # struct in_pktinfo: ifindex, spec_dst, addr
+_PKTINFO6 = struct.Struct("=16sI")  # struct in6_pktinfo: addr, ifindex
+
+
+def family_of(address: str) -> socket.AddressFamily:
+    """AF_INET6 for an IPv6 address text, AF_INET otherwise."""
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def any_address(address: str) -> str:
+    """The wildcard of ``address``'s family (a client's local bind)."""
+    return "::" if ":" in address else "0.0.0.0"
 
 
 class UdpNameServer:
@@ -52,14 +63,20 @@ class UdpNameServer:
 
     A socket bound to 0.0.0.0 would answer from the route's source address, the
     backend's own 198.18.0.x; in DSR the client sent to the VIP and drops anything else.
-    IP_PKTINFO gives the destination of each datagram and sets the source of the answer.
+    IP_PKTINFO gives the destination of each datagram and sets the source of the answer;
+    an IPv6 server (``bind`` "::", IPv6 only) does the same with IPV6_PKTINFO.
     """
 
     def __init__(self, name: bytes, bind: str, port: int) -> None:
         self.name = name
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.v6 = family_of(bind) == socket.AF_INET6
+        self.sock = socket.socket(family_of(bind), socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        if self.v6:
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
+        else:
+            self.sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
         self.sock.setblocking(False)
         self.sock.bind((bind, port))
 
@@ -73,7 +90,7 @@ class UdpNameServer:
     def _on_readable(self) -> None:
         for _ in range(64):  # bounded batch: other connections get their turn
             try:
-                _, ancdata, _, addr = self.sock.recvmsg(MAX_LINE, socket.CMSG_SPACE(12))
+                _, ancdata, _, addr = self.sock.recvmsg(MAX_LINE, socket.CMSG_SPACE(20))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -86,6 +103,10 @@ class UdpNameServer:
             if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= 12:
                 _, _, dst = _PKTINFO.unpack_from(data)
                 cmsgs = [(socket.IPPROTO_IP, IP_PKTINFO, _PKTINFO.pack(0, dst, bytes(4)))]
+            elif (level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO
+                  and len(data) >= _PKTINFO6.size):
+                dst6, _ = _PKTINFO6.unpack_from(data)
+                cmsgs = [(socket.IPPROTO_IPV6, socket.IPV6_PKTINFO, _PKTINFO6.pack(dst6, 0))]
         with contextlib.suppress(OSError):  # a full socket buffer drops, as UDP does
             self.sock.sendmsg([self.name], cmsgs, 0, addr)
 
@@ -115,16 +136,19 @@ def _tcp_handler(name: bytes, idle_timeout: float) -> Callable[
     return handle
 
 
-async def serve(name: str, port: int, udp: bool, bind: str, idle_timeout: float) -> None:
+async def serve(name: str, port: int, udp: bool, bind: str, idle_timeout: float,
+                bind6: str | None = None) -> None:
+    """Answer on ``bind`` (IPv4) and, with ``bind6``, on that IPv6 address too."""
     reply = (name + "\n").encode()
     # reuse_address: a restarted backend must rebind at once despite TIME_WAIT.
-    server = await asyncio.start_server(
-        _tcp_handler(reply, idle_timeout), bind, port, reuse_address=True, limit=MAX_LINE,
-        backlog=1024,
-    )
+    binds = [bind, *([bind6] if bind6 else [])]
+    servers = [await asyncio.start_server(
+        _tcp_handler(reply, idle_timeout), b, port, reuse_address=True, limit=MAX_LINE,
+        backlog=1024, family=family_of(b),
+    ) for b in binds]
     loop = asyncio.get_running_loop()
-    udp_server = UdpNameServer(reply, bind, port) if udp else None
-    if udp_server is not None:
+    udp_servers = [UdpNameServer(reply, b, port) for b in binds] if udp else []
+    for udp_server in udp_servers:
         udp_server.start(loop)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -133,8 +157,9 @@ async def serve(name: str, port: int, udp: bool, bind: str, idle_timeout: float)
     try:
         await stop.wait()
     finally:
-        server.close()
-        if udp_server is not None:
+        for server in servers:
+            server.close()
+        for udp_server in udp_servers:
             udp_server.close(loop)
 
 
@@ -186,7 +211,7 @@ async def _one_tcp(vip: str, port: int, timeout: float, used: set[int],
     it used out of the kernel's choice for this run (fresh port each connection).
     ``sport`` binds an explicit source port instead (a reproducible set of flows).
     """
-    local = ("0.0.0.0", sport) if sport is not None else None
+    local = (any_address(vip), sport) if sport is not None else None
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(vip, port, local_addr=local), timeout)
     try:
@@ -227,7 +252,7 @@ async def _fresh_udp_endpoint(
     loop = asyncio.get_running_loop()
     for _ in range(UDP_PORT_RETRIES):
         transport, proto = await loop.create_datagram_endpoint(
-            _UdpOnce, remote_addr=(vip, port), family=socket.AF_INET,
+            _UdpOnce, remote_addr=(vip, port), family=family_of(vip),
         )
         sport = transport.get_extra_info("sockname")[1]
         if sport not in used:
@@ -369,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", required=True)
     s.add_argument("--port", type=_positive(int, 65535), default=8080)
     s.add_argument("--bind", default="0.0.0.0", help="0.0.0.0 answers on the VIP too")
+    s.add_argument("--bind6", default=None,
+                   help="also answer on this IPv6 address (\"::\": every one, the VIPs too)")
     s.add_argument("--udp", action="store_true", help="also answer UDP on the same port")
     s.add_argument("--idle-timeout", type=_positive(float, 86400), default=600.0)
 
@@ -426,11 +453,11 @@ def run_udp_flows(vip: str, port: int, sports: range, timeout: float) -> dict[st
     flows: dict[str, str] = {}
     errors: Counter[str] = Counter()
     for sport in sports:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        with socket.socket(family_of(vip), socket.SOCK_DGRAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.settimeout(timeout)
             try:
-                sock.bind(("0.0.0.0", sport))
+                sock.bind((any_address(vip), sport))
                 sock.connect((vip, port))
                 sock.send(b"who\n")
                 flows[str(sport)] = sock.recv(256).decode(errors="replace").strip()
@@ -450,10 +477,10 @@ def run_udp_stream(vip: str, port: int, sports: range, pps: float, duration: flo
     socks: dict[int, socket.socket] = {}
     sel = selectors.DefaultSelector()
     for sport in sports:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock = socket.socket(family_of(vip), socket.SOCK_DGRAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        sock.bind(("0.0.0.0", sport))
+        sock.bind((any_address(vip), sport))
         sock.connect((vip, port))
         sock.setblocking(False)
         socks[sport] = sock
@@ -505,7 +532,8 @@ def _print(obj: dict[str, Any], compact: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "server":
-        asyncio.run(serve(args.name, args.port, args.udp, args.bind, args.idle_timeout))
+        asyncio.run(serve(args.name, args.port, args.udp, args.bind, args.idle_timeout,
+                          args.bind6))
         return 0
     if args.cmd == "client":
         if args.sport_first is not None and args.sport_first + args.connections > 65536:

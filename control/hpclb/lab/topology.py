@@ -8,6 +8,20 @@ Topology (``p`` is the prefix, default ``hlb``)::
     ...                          │  v-lb, v-b1 ...   arp_announce=2, rp_filter off (DSR)
     {p}-bN   eth0 198.18.0.1N/24 ┘
 
+Dual stack (``ipv6=True``): every ``eth0`` also gets an IPv6 ULA address (nodad, no
+DAD wait and no autoconfiguration), ``fd48:4c00::2`` for the client, ``::3`` for the
+appliance, ``fd48:4c00::(10+i)`` for backend i (``/64``); IPv6 VIPs lie in
+``fd48:4c01::/64`` (default ``fd48:4c01::10``, added when ``vips`` names none), are held
+on ``lo`` by the appliance and the backends as the IPv4 ones are, and the client routes
+that prefix via the appliance's IPv6 address, whose neighbour entry on the client is
+static (the appliance's fixed MAC): a DPDK forwarder's exception path carries the
+appliance's IPv4 addresses to its TAP, not its IPv6 ones, so the appliance's kernel
+could not answer the client's Neighbor Solicitation behind it. Backends answer from the
+VIP (DSR); an IPv6 address on ``lo`` is never announced by NDP on ``eth0`` (Linux
+answers a solicitation only for an address of the interface it came in on), which is
+what ``arp_ignore`` does for IPv4. Bridge multicast snooping is off, so that NDP's
+solicited-node multicast is flooded like ARP broadcasts.
+
 Every non-bridge namespace has ``eth0``, a veth whose peer (``v-<role>``) sits in the
 bridge namespace, enslaved to ``br0``. All lab traffic stays inside these namespaces and
 inside 198.18.0.0/15, the benchmarking range. The veths are listed by ``ports()``: the
@@ -81,17 +95,26 @@ CLIENT_IP = "198.18.0.2"
 LB_IP = "198.18.0.3"
 VIP_NET = "198.18.1.0/24"
 DEFAULT_VIPS: tuple[str, ...] = ("198.18.1.10",)
+# Dual stack (ipv6=True): ULA addresses beside the IPv4 ones.
+LAN6_PREFIXLEN = 64
+LAN6_NET = "fd48:4c00::/64"
+CLIENT_IP6 = "fd48:4c00::2"
+LB_IP6 = "fd48:4c00::3"
+VIP6_NET = "fd48:4c01::/64"
+DEFAULT_VIP6 = "fd48:4c01::10"
 DEFAULT_PORT = 8080
 BRIDGE = "br0"
 ETH = "eth0"
 MAX_BACKENDS = 200  # backend i is 198.18.0.(10+i): keep it inside the /24
 IFNAMSIZ = 15
+IFA_F_NODAD = 0x02  # <linux/if_addr.h>: no duplicate address detection
+NUD_PERMANENT = 0x80  # <linux/neighbour.h>
 # Locally administered, fixed MACs make captures and XDP tests predictable; two labs
 # never share a bridge, so they can reuse them.
 MAC_FMT = "02:48:4c:00:00:{:02x}"
 
 
-_ROLE_RE = r"(br|cli|lb|b[0-9]+)"
+_ROLE_RE = r"(br|cli|lb|rt|b[0-9]+)"  # rt: the tunnel lab's router
 # Lab cgroups (v1): the controllers a backend's load is measured with, and the name
 # of each lab's cgroups, unique per lab prefix (which has no '-').
 CGROUP_CONTROLLERS: tuple[str, ...] = ("cpu", "cpuacct", "memory")
@@ -122,6 +145,9 @@ class Port:
     address: str
     prefixlen: int
     mac: str
+    address6: str | None = None  # dual stack: the IPv6 address (LAN6_PREFIXLEN unless told)
+    prefixlen6: int = LAN6_PREFIXLEN
+    mtu: int | None = None  # both ends of the veth; None: the kernel's 1500
 
 
 def default_pass_obj() -> Path:
@@ -133,6 +159,11 @@ def default_pass_obj() -> Path:
 def backend_ip(i: int) -> str:
     """Address of backend ``i`` (1-based) on the lab LAN."""
     return f"198.18.0.{10 + i}"
+
+
+def backend_ip6(i: int) -> str:
+    """IPv6 address of backend ``i`` (1-based) on the dual-stack lab LAN."""
+    return f"fd48:4c00::{10 + i}"
 
 
 def _last_octet(ip: str) -> int:
@@ -162,10 +193,16 @@ class Lab:
             raise ValueError("prefix: 1-10 lowercase letters/digits, starting with a letter")
         if not 1 <= backends <= MAX_BACKENDS:
             raise ValueError(f"backends must be in 1..{MAX_BACKENDS}")
-        net = ipaddress.ip_network(VIP_NET)
-        # The client routes only VIP_NET via the appliance; a VIP elsewhere is unreachable.
-        if not vips or any(ipaddress.ip_address(v) not in net for v in vips):
-            raise ValueError(f"vips must be non-empty and inside {VIP_NET}")
+        net, net6 = ipaddress.ip_network(VIP_NET), ipaddress.ip_network(VIP6_NET)
+        # The client routes only VIP_NET (and VIP6_NET) via the appliance; a VIP
+        # elsewhere is unreachable.
+        addrs = [ipaddress.ip_address(v) for v in vips]
+        if not addrs or any(a not in (net6 if a.version == 6 else net) for a in addrs):
+            raise ValueError(f"vips must be non-empty and inside {VIP_NET} or {VIP6_NET}")
+        if any(a.version == 6 for a in addrs) and not ipv6:
+            raise ValueError("IPv6 VIPs need a dual-stack lab (ipv6=True)")
+        if ipv6 and not any(a.version == 6 for a in addrs):
+            vips = (*vips, DEFAULT_VIP6)
         self.prefix = prefix
         self.backends = backends
         self.vips = tuple(vips)
@@ -216,6 +253,34 @@ class Lab:
     def backend_ip(self, i: int) -> str:
         self._check_backend(i)
         return backend_ip(i)
+
+    @property
+    def vips4(self) -> tuple[str, ...]:
+        return tuple(v for v in self.vips if ":" not in v)
+
+    @property
+    def vips6(self) -> tuple[str, ...]:
+        return tuple(v for v in self.vips if ":" in v)
+
+    def ip6_of(self, role: str) -> str:
+        """``role``'s IPv6 address on the lab LAN (dual-stack labs only)."""
+        if not self.ipv6:
+            raise LabError("this lab has no IPv6 addresses (ipv6=False)")
+        role = role.rsplit("-", 1)[-1]
+        if role == "cli":
+            return CLIENT_IP6
+        if role == "lb":
+            return LB_IP6
+        return backend_ip6(int(role[1:]))
+
+    def address_of(self, role: str, family: int = 4) -> str:
+        """``role``'s address of IP version ``family`` (4 or 6)."""
+        return self.ip6_of(role) if family == 6 else self.ip_of(role)
+
+    def backend_mac(self, role: str) -> str:
+        """The MAC the appliance sends ``role``'s frames to: its own on this LAN (a
+        lab with distant backends returns the next hop's)."""
+        return self.mac(role)
 
     def ip_of(self, role: str) -> str:
         role = role.rsplit("-", 1)[-1]
@@ -365,7 +430,8 @@ class Lab:
         building, the carrier wait and the teardown go by this list.
         """
         return [Port(role, ETH, self.peer(role), BRIDGE, self.ip_of(role), LAN_PREFIXLEN,
-                     MAC_FMT.format(_last_octet(self.ip_of(role))))
+                     MAC_FMT.format(_last_octet(self.ip_of(role))),
+                     self.ip6_of(role) if self.ipv6 else None)
                 for role in self.roles()]
 
     def appliance_peers(self) -> list[str]:
@@ -378,12 +444,15 @@ class Lab:
         bridges = list(dict.fromkeys(port.bridge for port in ports))
         for bridge in bridges:
             # STP off (the default) puts ports into forwarding at once: no 15 s wait.
-            br.link("add", ifname=bridge, kind="bridge", br_stp_state=0, br_forward_delay=0)
+            # Multicast snooping off: NDP's solicited-node multicast floods like ARP.
+            br.link("add", ifname=bridge, kind="bridge", br_stp_state=0, br_forward_delay=0,
+                    br_mcast_snooping=0)
         for port in ports:
             bridge_idx = br.link_lookup(ifname=port.bridge)[0]
-            br.link("add", ifname=port.peer, kind="veth",
+            mtu = {"mtu": port.mtu} if port.mtu else {}
+            br.link("add", ifname=port.peer, kind="veth", **mtu,
                     peer={"ifname": port.ifname, "net_ns_fd": self.ns(port.role),
-                          "address": port.mac})
+                          "address": port.mac, **mtu})
             idx = br.link_lookup(ifname=port.peer)[0]
             br.link("set", index=idx, master=bridge_idx, state="up")
         for bridge in bridges:
@@ -399,6 +468,9 @@ class Lab:
                 idx = ipr.link_lookup(ifname=port.ifname)[0]
                 ipr.link("set", index=idx, state="up")
                 ipr.addr("add", index=idx, address=port.address, prefixlen=port.prefixlen)
+                if port.address6 is not None:
+                    ipr.addr("add", index=idx, address=port.address6,
+                             prefixlen=port.prefixlen6, flags=IFA_F_NODAD)
             self._configure_routes(role, ipr)
         for port in ports:
             # Partial checksums would survive XDP forwarding and be dropped by the receiver.
@@ -411,10 +483,26 @@ class Lab:
             # VIP traffic goes to the appliance's MAC, as on a real routed network.
             net, plen = VIP_NET.split("/")
             ipr.route("add", dst=net, dst_len=int(plen), gateway=LB_IP)
+            if self.ipv6:
+                self._client_route6(ipr)
         else:
             # Appliance: accepts what XDP passes. Backends: answer from the VIP (DSR).
-            for vip in self.vips:
-                ipr.addr("add", index=lo, address=vip, prefixlen=32)
+            self._vips_on_lo(ipr, lo)
+
+    def _vips_on_lo(self, ipr: NetNS, lo: int) -> None:
+        for vip in self.vips:
+            v6 = ":" in vip
+            ipr.addr("add", index=lo, address=vip, prefixlen=128 if v6 else 32,
+                     **({"flags": IFA_F_NODAD} if v6 else {}))
+
+    def _client_route6(self, ipr: NetNS) -> None:
+        """The client's route to the IPv6 VIPs via the appliance, whose neighbour entry
+        is static (module doc: the DPDK forwarder's TAP carries no IPv6 address)."""
+        eth = ipr.link_lookup(ifname=ETH)[0]
+        ipr.neigh("add", dst=LB_IP6, lladdr=MAC_FMT.format(_last_octet(LB_IP)), ifindex=eth,
+                  state=NUD_PERMANENT)
+        net6, plen6 = VIP6_NET.split("/")
+        ipr.route("add", dst=net6, dst_len=int(plen6), gateway=LB_IP6)
 
     def _host_sysctls(self, role: str) -> dict[str, str]:
         values: dict[str, str] = {}
@@ -423,6 +511,12 @@ class Lab:
             # packets and captures stay readable.
             values |= {"net.ipv6.conf.all.disable_ipv6": "1",
                        "net.ipv6.conf.default.disable_ipv6": "1"}
+        else:
+            # Static addresses only: no router solicitations, no autoconf, no DAD.
+            for dev in ("all", "default", *{p.ifname for p in self.ports() if p.role == role}):
+                values |= {f"net.ipv6.conf.{dev}.accept_ra": "0",
+                           f"net.ipv6.conf.{dev}.autoconf": "0",
+                           f"net.ipv6.conf.{dev}.accept_dad": "0"}
         if role == "cli":
             # The lab's clients bind fixed source ports (below EPHEMERAL_PORTS) so that
             # flows are reproducible; the kernel's own ephemeral ports (an earlier
@@ -444,9 +538,10 @@ class Lab:
         ns = self.bridge_ns
         values = {f"net.bridge.bridge-nf-call-{t}": "0"
                   for t in ("iptables", "ip6tables", "arptables")}
-        if not self.ipv6:
-            values |= {"net.ipv6.conf.all.disable_ipv6": "1",
-                       "net.ipv6.conf.default.disable_ipv6": "1"}
+        # The bridge forwards IPv6 at L2 without an IPv6 stack of its own; with one,
+        # its ports would send router solicitations and MLD reports into the lab.
+        values |= {"net.ipv6.conf.all.disable_ipv6": "1",
+                   "net.ipv6.conf.default.disable_ipv6": "1"}
         self.sysctl(ns, values, ignore_missing=True)  # bridge-nf-* only with br_netfilter
         for peer in self.appliance_peers():
             if self.peer_gro:
@@ -706,7 +801,8 @@ class Lab:
         if (i, port) in self._servers:
             raise LabError(f"backend {i} already serves port {port}")
         argv = [sys.executable, "-m", "hpclb.lab.node", "server", "--name", f"b{i}",
-                "--port", str(port), *(["--udp"] if udp else [])]
+                "--port", str(port), *(["--udp"] if udp else []),
+                *(["--bind6", "::"] if self.ipv6 else [])]
         # stderr goes to an anonymous file, not a pipe: nobody drains a pipe after
         # startup, and a full one would freeze the server mid-test.
         with tempfile.TemporaryFile(mode="w+") as errfile:
