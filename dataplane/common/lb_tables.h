@@ -189,13 +189,21 @@ struct lb_flow_key_v4 {
  * these structs are in lb_conn.h.
  *
  * A connection has two entries, one per direction, each keyed by the 5-tuple
- * (struct lb_flow_key_v4) its packets carry on the wire:
+ * its packets carry on the wire:
  *   original  client -> VIP            (client, VIP, cport, vport)
  *   reply     backend -> client        (backend, client, bport, cport), or with
  *             SNAT backend -> pool     (backend, snat, bport, sport)
  * Each entry names the other direction's key (peer): a packet matching key K
  * whose entry names peer P leaves as P reversed (source P.daddr:P.dport,
- * destination P.saddr:P.sport), which is the whole translation. */
+ * destination P.saddr:P.sport), which is the whole translation.
+ *
+ * Each family has a table of its own, with the same rules and the same
+ * capacity (--conn-table-size entries each): IPv4 connections are keyed by
+ * the compact struct lb_flow_key_v4 (entries struct lb_conn), IPv6 ones by
+ * the contract's struct lb_flow_key with family 6 and every pad byte 0
+ * (entries struct lb_conn6). A connection never changes family: NAT mode
+ * translates IPv4 to IPv4 and IPv6 to IPv6 (no NAT64), with a SNAT address
+ * of the connection's family. */
 
 enum lb_conn_dir {
 	LB_CONN_ORIG = 0,  /* the entry of the client's direction */
@@ -246,6 +254,20 @@ struct lb_conn {
 
 #define LB_CONN_F_SNAT 0x01 /* the reply key's destination is a pool address */
 
+/* An IPv6 connection's entry: struct lb_conn with the family-aware key. */
+struct lb_conn6 {
+	struct lb_flow_key peer;    /* the other direction's key (family 6) */
+	__u64 last_seen_ns;         /* as in struct lb_conn */
+	__u32 backend_id;
+	__u8 vip_id;
+	__u8 dir;
+	__u8 state;
+	__u8 fin_dirs;
+	__u8 client_mac[6];
+	__u8 client_port;
+	__u8 flags;
+}; /* 64 bytes */
+
 /* What a NAT VIP's backend being down does to its connections. */
 enum lb_nat_down {
 	LB_NAT_DOWN_RESCHEDULE = 0, /* next packet opens a new connection on an up backend */
@@ -254,14 +276,16 @@ enum lb_nat_down {
 
 /* The NAT settings (protocol op set_nat), one per data plane. */
 struct lb_nat_config {
-	__u32 snat_addrs[LB_MAX_SNAT_ADDRS]; /* IPv4, network order */
+	__u32 snat_addrs[LB_MAX_SNAT_ADDRS]; /* IPv4 pool, network order */
 	__u32 snat_naddrs;
-	__u16 snat_port_min;  /* host order, inclusive */
+	__u16 snat_port_min;  /* host order, inclusive; both families' */
 	__u16 snat_port_max;
 	__u8 on_backend_down; /* enum lb_nat_down */
 	__u8 pad[3];
 	__u32 timeouts_s[LB_CONN_STATES]; /* idle timeouts by state (the sweepers') */
-}; /* 108 bytes */
+	union lb_addr snat_addrs6[LB_MAX_SNAT_ADDRS]; /* IPv6 pool, network order */
+	__u32 snat_naddrs6;
+}; /* 368 bytes */
 
 /* The connection table's figures (protocol op stats, "conns"). */
 struct lb_conn_stats {
@@ -360,6 +384,7 @@ _Static_assert(sizeof(struct lb_vip_key_v4) == 8, "struct lb_vip_key_v4 is 8 byt
 _Static_assert(sizeof(struct lb_flow_key_v4) == 16, "struct lb_flow_key_v4 is 16 bytes");
 /* The connection table (not on the wire; mirrored by the model). */
 _Static_assert(sizeof(struct lb_conn) == 40, "struct lb_conn is 40 bytes");
-_Static_assert(sizeof(struct lb_nat_config) == 108, "struct lb_nat_config is 108 bytes");
+_Static_assert(sizeof(struct lb_nat_config) == 368, "struct lb_nat_config is 368 bytes");
+_Static_assert(sizeof(struct lb_conn6) == 64, "struct lb_conn6 is 64 bytes");
 
 #endif /* HPCLB_LB_TABLES_H */

@@ -33,6 +33,7 @@ STRUCTS = {
     "lb_flow_key_v4": tables.FLOW_KEY_V4_DTYPE,
     "lb_conn": tables.CONN_DTYPE,
     "lb_nat_config": tables.NAT_CONFIG_DTYPE,
+    "lb_conn6": tables.CONN6_DTYPE,
 }
 
 CONSTANTS = {

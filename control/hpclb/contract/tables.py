@@ -186,10 +186,15 @@ CONN_DTYPE = np.dtype(
      ("vip_id", "u1"), ("dir", "u1"), ("state", "u1"), ("fin_dirs", "u1"),
      ("client_mac", "6u1"), ("client_port", "u1"), ("flags", "u1")]
 )
+CONN6_DTYPE = np.dtype(
+    [("peer", FLOW_KEY_DTYPE), ("last_seen_ns", "<u8"), ("backend_id", "<u4"),
+     ("vip_id", "u1"), ("dir", "u1"), ("state", "u1"), ("fin_dirs", "u1"),
+     ("client_mac", "6u1"), ("client_port", "u1"), ("flags", "u1")]
+)
 NAT_CONFIG_DTYPE = np.dtype(
     [("snat_addrs", "16>u4"), ("snat_naddrs", "<u4"), ("snat_port_min", "<u2"),
      ("snat_port_max", "<u2"), ("on_backend_down", "u1"), ("pad", "3u1"),
-     ("timeouts_s", "8<u4")]
+     ("timeouts_s", "8<u4"), ("snat_addrs6", "(16,16)u1"), ("snat_naddrs6", "<u4")]
 )
 
 
