@@ -216,3 +216,51 @@ def test_stats_are_tables_with_the_connection_table_when_reported() -> None:
                                                    "by_state": {}}})
     assert "no table" in empty and "Traceback" not in empty
     assert build_parser().parse_args(["stats", "--json"]).json is True
+
+
+CA_CONFIG = """\
+appliance:
+  name: t
+  interfaces: {ingress: lo}
+  hash_key: 000102030405060708090a0b0c0d0e0f
+pools:
+  missing:
+    probe: {kind: https, ca_file: DIR/absent.pem}
+    backends: [{name: n1, address: 127.0.0.2}]
+  garbage:
+    probe: {kind: https, ca_file: DIR/garbage.pem}
+    backends: [{name: n2, address: 127.0.0.3}]
+  good:
+    probe: {kind: https, ca_file: DIR/server.pem}
+    backends: [{name: n3, address: 127.0.0.4}]
+  system: {probe: {kind: https}, backends: [{name: n4, address: 127.0.0.5}]}
+vips:
+  - {name: a, address: 198.18.1.10, port: 443, pool: missing}
+  - {name: b, address: 198.18.1.11, port: 443, pool: garbage}
+  - {name: c, address: 198.18.1.12, port: 443, pool: good}
+  - {name: d, address: 198.18.1.13, port: 443, pool: system}
+"""
+
+
+def test_check_refuses_an_https_probe_ca_file_it_cannot_use(tmp_path: Path) -> None:
+    """The CA file of an https probe is read at `hpclb check` (and so at a
+    reload), not first when a backend is probed: a missing file and one that
+    holds no certificate are each named by their pool; a good one passes."""
+    from tests.unit.test_health_tls import _make_cert
+
+    _make_cert(tmp_path)
+    (tmp_path / "garbage.pem").write_text("not a certificate\n")
+    config = tmp_path / "ca.yaml"
+    config.write_text(CA_CONFIG.replace("DIR", str(tmp_path)))
+    assert hpclb("check", "--schema-only", "-c", str(config)).returncode == 0
+    res = hpclb("check", "-c", str(config))
+    assert res.returncode == 2, res.stdout
+    lines = [line for line in res.stderr.splitlines() if "probe.ca_file" in line]
+    assert len(lines) == 2, res.stderr
+    assert "pools.missing.probe.ca_file:" in lines[0] and "absent.pem" in lines[0]
+    assert "pools.garbage.probe.ca_file:" in lines[1] and "garbage.pem" in lines[1]
+    assert "Traceback" not in res.stderr
+    config.write_text(CA_CONFIG.replace("DIR", str(tmp_path)).replace("absent.pem", "server.pem")
+                      .replace("garbage.pem", "server.pem"))
+    res = hpclb("check", "-c", str(config))
+    assert res.returncode == 0, res.stderr

@@ -3,7 +3,9 @@
 ``hpclb check`` runs these after the schema (so does ``hpclb run`` before it
 adopts or starts anything, and a reload before it pushes): key files that
 exist and hold what they should, service addresses that are the appliance's
-own (in its network namespace), a namespace that exists. Each problem is one
+own (in its network namespace), a namespace that exists, the CA files of
+https probes (read as the health checker reads them, which would otherwise
+only find out when it probes the first backend). Each problem is one
 sentence naming the field and the file or address; nothing is changed.
 
 What cannot be known without taking it (a port another process holds) is
@@ -19,6 +21,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 
 from hpclb.config import ConfigError, ConfigIssue, HpclbConfig
+from hpclb.health import tls_context
 from hpclb.host.netns import inside
 from hpclb.telemetry.receiver import AllowListError, load_allow_list, load_server_key
 
@@ -74,12 +77,34 @@ def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, Address]]:
         yield "appliance.metrics", _host_address(app.metrics_endpoint[0])
 
 
+def ca_file_problems(config: HpclbConfig) -> list[str]:
+    """``pools.<p>.probe.ca_file: ...`` for each https probe whose CA file
+    cannot be read or holds no certificate (each file loaded once)."""
+    problems: list[str] = []
+    seen: dict[tuple[bool, str], str | None] = {}
+    for name, pool in config.pools.items():
+        probe = pool.probe
+        if probe is None or probe.kind != "https" or probe.ca_file is None:
+            continue  # no CA file: the system's trust store
+        key = (probe.verify, str(probe.ca_file))
+        if key not in seen:
+            try:
+                tls_context(*key)
+                seen[key] = None
+            except ValueError as err:
+                seen[key] = str(err)
+        if (reason := seen[key]) is not None:
+            problems.append(f"pools.{name}.probe.ca_file: {reason}")
+    return problems
+
+
 def host_problems(config: HpclbConfig) -> list[str]:
     """Everything the host lacks for ``config``; empty when it can run."""
-    problems: list[str] = []
+    problems: list[str] = ca_file_problems(config)
     netns = config.appliance.netns
     if (p := _netns_problem(netns)) is not None:
-        return [p]  # addresses cannot be looked up in a namespace that is not there
+        # Addresses cannot be looked up in a namespace that is not there.
+        return [p, *problems]
     t = config.telemetry
     if t is not None:
         try:
