@@ -67,6 +67,16 @@
  * lb_nat_config) are enforced by a sweep outside the fast path; the fast path
  * never looks at time except to stamp last_seen_ns.
  *
+ * IPv6: all of the above holds for an untagged IPv6 TCP/UDP frame (and
+ * ICMPv6 errors: lb_nat6_icmp_parse), with a table and an embryonic FIFO of
+ * its own per family, keyed by struct lb_flow_key (family 6), the IPv6 SNAT
+ * pool (snat_addrs6[lb_snat_addr_index(hash, snat_naddrs6)], the 40-byte flow
+ * hash), IPv6 backends only (another family: drop_no_backend), and the
+ * IPv6 functions at the end of this file (lb_tcp_flags6, lb_conn6_*). A NAT
+ * frame whose L4 (or ICMPv6) header starts beyond LB_NAT6_MAX_L4_OFF (at most
+ * 256 bytes of extension headers) is passed to the kernel, counted
+ * pass_ext_headers, before any lookup.
+ *
  * There are no loops here; every packet access is bounded as in lb_nat.h.
  */
 #ifndef HPCLB_LB_CONN_H
@@ -268,6 +278,100 @@ LB_CONN_INLINE enum lb_nat_status lb_conn_icmp_translate(void *data, const void 
 		x.side = LB_NAT_SRC;
 		st = lb_nat4_icmp_rewrite(data, data_end, ic, &x, orig->saddr);
 	}
+	return st;
+}
+
+/* ---- IPv6 ------------------------------------------------------------------
+ * The same rules for an IPv6 connection (its own table, struct lb_conn6 keyed
+ * by struct lb_flow_key with family 6, lb_tables.h); only the key layout and
+ * the rewrites (lb_nat6.h) differ. A NAT packet whose L4 header starts beyond
+ * LB_NAT6_MAX_L4_OFF is passed to the kernel (pass_ext_headers) by the
+ * planes before any lookup: the functions below refuse it too. */
+
+/* The TCP flags of the IPv6 TCP packet *p describes (parse OK), 0 for UDP, a
+ * frame that does not hold them or an L4 header beyond LB_NAT6_MAX_L4_OFF.
+ * The L4 offset is the parse's (the extension chain cannot be re-derived from
+ * one byte), made a bound the verifier sees by lb_nat6_off. lb_tcp_flags
+ * stays IPv4's own, so that its path does not grow a branch. */
+LB_CONN_INLINE __u8 lb_tcp_flags6(const void *data, const void *data_end, const struct lb_parsed *p)
+{
+	const __u8 *l4;
+	__u32 l4_off = lb_nat6_l4_off(p);
+
+	if (p->family != LB_FAMILY_IPV6 || p->proto != LB_IPPROTO_TCP ||
+	    l4_off > LB_NAT6_MAX_L4_OFF || l4_off < LB_NAT_MIN_L3_OFF + LB_IPV6_HLEN)
+		return 0;
+	l4 = (const __u8 *)data + lb_nat6_off(l4_off);
+	if (LB_PAST_END(l4, 14, data_end))
+		return 0;
+	return l4[13];
+}
+
+/* The reply key of a new IPv6 connection (lb_conn_reply_key's): every byte
+ * written, family 6, pad 0. */
+LB_CONN_INLINE void lb_conn6_reply_key(struct lb_flow_key *reply, const union lb_addr *backend_addr,
+				       __be16 backend_port, const union lb_addr *client_addr,
+				       __be16 client_port, __u8 proto)
+{
+	__builtin_memcpy(reply->saddr.v6, backend_addr->v6, 16);
+	__builtin_memcpy(reply->daddr.v6, client_addr->v6, 16);
+	reply->sport = backend_port;
+	reply->dport = client_port;
+	reply->proto = proto;
+	reply->family = LB_FAMILY_IPV6;
+	reply->pad[0] = 0;
+	reply->pad[1] = 0;
+}
+
+/* lb_conn_translate for IPv6: the packet *p describes, whose 5-tuple is key,
+ * leaves as peer reversed; the destination first, if it changes, then the
+ * source, if it changes. */
+LB_CONN_INLINE enum lb_nat_status lb_conn6_translate(void *data, const void *data_end,
+						     const struct lb_parsed *p,
+						     const struct lb_flow_key *key,
+						     const struct lb_flow_key *peer)
+{
+	int dst = lb_addr6_ne(&key->daddr, &peer->saddr) || key->dport != peer->sport;
+	int src = lb_addr6_ne(&key->saddr, &peer->daddr) || key->sport != peer->dport;
+
+	if (!dst && !src)
+		return LB_NAT_OK;
+	/* One pass for both (lb_nat6_xlat): the bytes of lb_nat6_dnat then
+	 * lb_nat6_snat, for half the verifier's work. */
+	return lb_nat6_xlat(data, data_end, p, dst ? &peer->saddr : 0, peer->sport,
+			    src ? &peer->daddr : 0, peer->dport);
+}
+
+/* lb_conn_icmp_key for IPv6: the quote reversed, family 6, pad 0. */
+LB_CONN_INLINE void lb_conn6_icmp_key(struct lb_flow_key *key, const struct lb_nat6_icmp *ic)
+{
+	__builtin_memcpy(key->saddr.v6, ic->inner_daddr.v6, 16);
+	__builtin_memcpy(key->daddr.v6, ic->inner_saddr.v6, 16);
+	key->sport = ic->inner_dport;
+	key->dport = ic->inner_sport;
+	key->proto = ic->inner_proto;
+	key->family = LB_FAMILY_IPV6;
+	key->pad[0] = 0;
+	key->pad[1] = 0;
+}
+
+/* lb_conn_icmp_translate for IPv6: the quote becomes the packet orig names
+ * again; a restored quoted destination carries the outer source along to
+ * orig->daddr, then a restored quoted source the outer destination to
+ * orig->saddr (lb_nat6_icmp_rewrite). */
+LB_CONN_INLINE enum lb_nat_status lb_conn6_icmp_translate(void *data, const void *data_end,
+							  const struct lb_nat6_icmp *ic,
+							  const struct lb_flow_key *orig)
+{
+	enum lb_nat_status st = LB_NAT_OK;
+
+	if (lb_addr6_ne(&ic->inner_daddr, &orig->daddr) || ic->inner_dport != orig->dport)
+		st = lb_nat6_icmp_rewrite(data, data_end, ic, LB_NAT_DST, &orig->daddr,
+					  orig->dport, &orig->daddr);
+	if (st == LB_NAT_OK &&
+	    (lb_addr6_ne(&ic->inner_saddr, &orig->saddr) || ic->inner_sport != orig->sport))
+		st = lb_nat6_icmp_rewrite(data, data_end, ic, LB_NAT_SRC, &orig->saddr,
+					  orig->sport, &orig->saddr);
 	return st;
 }
 

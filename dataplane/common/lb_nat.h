@@ -24,7 +24,8 @@
  *                         traceroute work through the gateway.
  *
  * Both data planes call them through lb_conn.h, which decides from the
- * connection table what each packet becomes.
+ * connection table what each packet becomes. The IPv6 twins (lb_nat6_*) are
+ * in lb_nat6.h, which this file includes at its end.
  *
  * Fragments never reach NAT. lb_parse_frame and lb_parse_untagged_ipv4 give
  * LB_PARSE_FRAGMENT for any IPv4 fragment, first or later, and the planes pass
@@ -84,6 +85,12 @@
 #define LB_NAT_MAX_ICMP_OFF (LB_NAT_MAX_L3_OFF + 60)
 #define LB_NAT_MAX_INNER_L3_OFF (LB_NAT_MAX_ICMP_OFF + LB_ICMP_HLEN)
 #define LB_NAT_MAX_INNER_L4_OFF (LB_NAT_MAX_INNER_L3_OFF + 60)
+
+/* IPv6 (lb_nat6.h): NAT translates a packet whose L4 header starts at most
+ * 256 bytes of extension headers after an untagged IPv6 header; the planes
+ * pass one beyond to the kernel (pass_ext_headers). */
+#define LB_NAT6_MAX_EXT_LEN 256
+#define LB_NAT6_MAX_L4_OFF (14 + 40 + LB_NAT6_MAX_EXT_LEN)
 
 /* TCP's checksum is at offset 16, UDP's at 6 (RFC 793, RFC 768). */
 #define LB_TCP_CSUM_END 18 /* bytes of a TCP header up to and with its checksum */
@@ -516,5 +523,9 @@ LB_NAT_INLINE enum lb_nat_status lb_nat4_icmp_rewrite(void *data, const void *da
 	}
 	return LB_NAT_OK;
 }
+
+/* The IPv6 rewrites, beside these (lb_nat6.h includes this file back: its
+ * guard makes either include order work). */
+#include "lb_nat6.h"
 
 #endif /* HPCLB_LB_NAT_H */

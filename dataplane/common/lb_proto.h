@@ -37,7 +37,9 @@ struct lb_port_stats {
  * tries to restore the previous contents with the same calls. */
 struct lb_dataplane_ops {
 	int (*set_config)(void *ctx, const struct lb_config *cfg);
-	/* vip is whole (pad 0). Mode 2 only where info.tunnel, and then with a
+	/* vip is whole (pad 0). Mode 1 with an IPv6 key only where info.nat6
+	 * (LB_VIP_F_SNAT then only with snat_naddrs6 > 0). Mode 2 only where
+	 * info.tunnel, and then with a
 	 * tunnel_src (IPv6 for an IPv6 VIP), nat_port 0, gue_port non-zero
 	 * exactly with LB_ENCAP_GUE; other modes have tunnel_encap, gue_port
 	 * and tunnel_src_bits 0. */
@@ -63,7 +65,10 @@ struct lb_dataplane_ops {
 	 * set_nat replaces the whole NAT configuration with *nat, which the
 	 * server has validated (lb_proto_nat_check): snat_naddrs <=
 	 * LB_MAX_SNAT_ADDRS distinct unicast addresses (none in 0.0.0.0/8,
-	 * 127.0.0.0/8 or 224.0.0.0/3), the entries after them 0,
+	 * 127.0.0.0/8 or 224.0.0.0/3), the entries after them 0; likewise
+	 * snat_naddrs6 <= LB_MAX_SNAT_ADDRS distinct unicast IPv6 addresses
+	 * (not ::, ::1, ff00::/8, fe80::/10 nor ::ffff:0:0/96), only where
+	 * info.nat6 (else snat_naddrs6 is 0),
 	 * 1 <= snat_port_min <= snat_port_max, on_backend_down an enum
 	 * lb_nat_down, pad 0, every timeout 1..INT32_MAX. The server never
 	 * calls it at start: a data plane starts with lb_proto_nat_defaults'
@@ -73,8 +78,9 @@ struct lb_dataplane_ops {
 	 * connection from the sweep after it. On failure the server calls it
 	 * again with the previous configuration (the rollback). */
 	int (*set_nat)(void *ctx, const struct lb_nat_config *nat);
-	/* The connection table's figures (the stats reply's "conns"); *out is
-	 * zeroed by the server first. Optional even with set_nat: NULL, the
+	/* The connection table's figures (the stats reply's "conns"; with
+	 * info.nat6, each figure the sum over the IPv4 and the IPv6 table,
+	 * capacity included); *out is zeroed by the server first. Optional even with set_nat: NULL, the
 	 * stats reply has no "conns". A failure gives an empty "conns" map
 	 * rather than failing stats. */
 	int (*read_conns)(void *ctx, struct lb_conn_stats *out);
@@ -93,12 +99,18 @@ struct lb_proto_info {
 	__u32 nports;            /* 1..LB_MAX_PORTS; index 0 = the ingress port */
 	struct lb_proto_port ports[LB_MAX_PORTS];
 	const char *const *capabilities; /* NULL-terminated */
-	__u32 conn_table_size;   /* NAT connection-table entries (0: no NAT mode;
+	__u32 conn_table_size;   /* NAT connection-table entries, of each family's
+	                          * table with nat6 (0: no NAT mode;
 	                          * hello reports 0 whatever this says when the
 	                          * ops have no set_nat) */
 	bool tunnel;             /* the fast path does tunnel mode (VIP mode 2,
 	                          * lb_encap.h): set_vip accepts mode 2. The data
 	                          * plane also lists "tunnel" in capabilities */
+	bool nat6;               /* the fast path does NAT mode for IPv6 VIPs
+	                          * (an IPv6 connection table, the IPv6 SNAT
+	                          * pool): set_vip accepts mode 1 with a 16-byte
+	                          * VIP. Meaningful only with set_nat; the data
+	                          * plane also lists "nat6" in capabilities */
 };
 
 /* The configured tables. A VIP's ring exists while the VIP does. */
@@ -135,8 +147,10 @@ struct lb_proto_state {
  * timeouts of LB_CONN_TIMEOUTS_DEFAULT. */
 void lb_proto_nat_defaults(struct lb_nat_config *nat);
 
-/* Whether *nat is a configuration set_nat would accept (see set_nat above).
- * 0, or -EINVAL with err naming the field at fault (errlen > 0). */
+/* Whether *nat is a configuration set_nat would accept on a plane with nat6
+ * (see set_nat above; both pools checked, IPv4 first). 0, or -EINVAL with
+ * err naming the field at fault (errlen > 0): snat_addrs[i] or
+ * snat_addrs6[i], the struct's arrays. */
 int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen);
 
 /* What one request did, for the caller's log line. Valid until the next call. */
@@ -163,10 +177,11 @@ void lb_proto_server_free(struct lb_proto_server *srv);
  * are copied; st stays the caller's.
  * NAT: with ops->set_nat, st->nat must be filled (what the data plane holds,
  * lb_proto_nat_defaults when it never had a set_nat) and pass
- * lb_proto_nat_check; a VIP may be mode LB_MODE_NAT (IPv4 only) and carry
- * nat_flags LB_VIP_F_SNAT (NAT VIPs only, and only with a SNAT address in
- * st->nat). Without ops->set_nat, st->nat is ignored (the server keeps the
- * defaults) and every VIP must be DSR with nat_flags 0.
+ * lb_proto_nat_check, with snat_naddrs6 0 unless info->nat6; a VIP may be
+ * mode LB_MODE_NAT (IPv4; IPv6 too with info->nat6) and carry nat_flags
+ * LB_VIP_F_SNAT (NAT VIPs only, and only with a SNAT address of the VIP's
+ * family in st->nat). Without ops->set_nat, st->nat is ignored (the server
+ * keeps the defaults) and every VIP must be DSR with nat_flags 0.
  * Tunnel: with info->tunnel a VIP may be mode LB_MODE_TUNNEL, with a
  * tunnel_src (IPv6 for an IPv6 VIP), tunnel_encap an enum lb_encap, gue_port
  * non-zero exactly with GUE, tunnel_src_bits <= LB_TUNNEL_SRC_BITS_MAX and

@@ -370,6 +370,25 @@ static int snat_addr_ok(__u32 a)
 	return b[0] != 0 && b[0] != 127 && b[0] < 224;
 }
 
+/* The IPv6 rule, same reason: not :: (unspecified), ::1 (loopback),
+ * ff00::/8 (multicast), fe80::/10 (link-local: a reply to it would need a
+ * zone, and the backends may sit on another link) nor ::ffff:0:0/96
+ * (IPv4-mapped: an IPv4 address in disguise, never on an IPv6 wire). */
+static int snat_addr6_ok(const union lb_addr *a)
+{
+	static const __u8 zero[10];
+	const __u8 *b = a->v6;
+	bool head0 = memcmp(b, zero, sizeof(zero)) == 0;
+
+	if (head0 && b[10] == 0 && b[11] == 0 && !a->v6w[3])
+		return 0; /* :: */
+	if (head0 && b[10] == 0 && b[11] == 0 && a->v6w[3] == htonl(1))
+		return 0; /* ::1 */
+	if (head0 && b[10] == 0xff && b[11] == 0xff)
+		return 0; /* ::ffff:0:0/96 */
+	return b[0] != 0xff && !(b[0] == 0xfe && (b[1] & 0xc0) == 0x80);
+}
+
 static void fmt_ip4(char *buf, size_t n, __u32 a)
 {
 	const __u8 *b = (const __u8 *)&a;
@@ -377,40 +396,82 @@ static void fmt_ip4(char *buf, size_t n, __u32 a)
 	snprintf(buf, n, "%u.%u.%u.%u", b[0], b[1], b[2], b[3]);
 }
 
-int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen)
+static void fmt_ip6(char *buf, size_t n, const union lb_addr *a)
 {
-	char ip[16];
+	if (!inet_ntop(AF_INET6, a->v6, buf, (socklen_t)n))
+		snprintf(buf, n, "?");
+}
 
-	if (nat->snat_naddrs > LB_MAX_SNAT_ADDRS) {
-		snprintf(err, errlen, "field 'snat_addrs' has %u entries, at most %u allowed",
-			 nat->snat_naddrs, LB_MAX_SNAT_ADDRS);
+/* Where the i-th pool address of a family came from, for errors: on the
+ * wire, snat_addrs[wire[i]] (one array, both families mixed); adopted
+ * tables (wire NULL), the struct's own arrays snat_addrs[i], snat_addrs6[i]. */
+static void pool_entry_name(char *buf, size_t n, bool v6, __u32 i, const __u8 *wire)
+{
+	if (wire)
+		snprintf(buf, n, "snat_addrs[%u]", wire[i]);
+	else
+		snprintf(buf, n, "%s[%u]", v6 ? "snat_addrs6" : "snat_addrs", i);
+}
+
+/* The per-family count, unicast, distinct, zero past the count. wire as
+ * for pool_entry_name. */
+static int nat_check_pool(const struct lb_nat_config *nat, bool v6, const __u8 *wire,
+			  char *err, size_t errlen)
+{
+	__u32 naddrs = v6 ? nat->snat_naddrs6 : nat->snat_naddrs;
+	const char *fam = v6 ? "IPv6" : "IPv4";
+	char ip[INET6_ADDRSTRLEN], name[32], other[32];
+
+	if (naddrs > LB_MAX_SNAT_ADDRS) {
+		snprintf(err, errlen, "field 'snat_addrs' has %u %s entries, at most %u of each "
+			 "family allowed", naddrs, fam, LB_MAX_SNAT_ADDRS);
 		return -EINVAL;
 	}
 	for (__u32 i = 0; i < LB_MAX_SNAT_ADDRS; i++) {
-		__u32 a = nat->snat_addrs[i];
+		const union lb_addr *a6 = &nat->snat_addrs6[i];
+		__u32 a4 = nat->snat_addrs[i];
+		bool set = v6 ? (a6->v6w[0] || a6->v6w[1] || a6->v6w[2] || a6->v6w[3]) : a4 != 0;
 
-		fmt_ip4(ip, sizeof(ip), a);
-		if (i >= nat->snat_naddrs) {
-			if (a) {
-				snprintf(err, errlen, "field 'snat_addrs': entry %u past the %u "
-					 "addresses is %s, not 0", i, nat->snat_naddrs, ip);
+		if (v6)
+			fmt_ip6(ip, sizeof(ip), a6);
+		else
+			fmt_ip4(ip, sizeof(ip), a4);
+		if (i >= naddrs) {
+			if (set) {
+				snprintf(err, errlen, "field '%s': entry %u past the %u "
+					 "addresses is %s, not 0",
+					 v6 ? "snat_addrs6" : "snat_addrs", i, naddrs, ip);
 				return -EINVAL;
 			}
 			continue;
 		}
-		if (!snat_addr_ok(a)) {
-			snprintf(err, errlen, "field 'snat_addrs[%u]': %s is not a unicast address "
-				 "(0.0.0.0/8, 127.0.0.0/8 and 224.0.0.0/3 are refused)", i, ip);
+		pool_entry_name(name, sizeof(name), v6, i, wire);
+		if (v6 ? !snat_addr6_ok(a6) : !snat_addr_ok(a4)) {
+			snprintf(err, errlen, "field '%s': %s is not a unicast address (%s are "
+				 "refused)", name, ip,
+				 v6 ? "::, ::1, ff00::/8, fe80::/10 and ::ffff:0:0/96" :
+				 "0.0.0.0/8, 127.0.0.0/8 and 224.0.0.0/3");
 			return -EINVAL;
 		}
 		for (__u32 j = 0; j < i; j++) {
-			if (nat->snat_addrs[j] == a) {
-				snprintf(err, errlen, "field 'snat_addrs[%u]': %s appears twice "
-					 "(also snat_addrs[%u])", i, ip, j);
+			if (v6 ? memcmp(&nat->snat_addrs6[j], a6, sizeof(*a6)) == 0 :
+			    nat->snat_addrs[j] == a4) {
+				pool_entry_name(other, sizeof(other), v6, j, wire);
+				snprintf(err, errlen, "field '%s': %s appears twice (also %s)", name,
+					 ip, other);
 				return -EINVAL;
 			}
 		}
 	}
+	return 0;
+}
+
+static int nat_check(const struct lb_nat_config *nat, const __u8 *wire4, const __u8 *wire6,
+		     char *err, size_t errlen)
+{
+	if (nat_check_pool(nat, false, wire4, err, errlen) ||
+	    nat_check_pool(nat, true, wire6, err, errlen))
+		return -EINVAL;
 	if (nat->snat_port_min == 0 || nat->snat_port_max == 0) {
 		snprintf(err, errlen, "field '%s' out of range: 0 (allowed 1..65535)",
 			 nat->snat_port_min == 0 ? "snat_port_min" : "snat_port_max");
@@ -438,6 +499,11 @@ int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen
 		}
 	}
 	return 0;
+}
+
+int lb_proto_nat_check(const struct lb_nat_config *nat, char *err, size_t errlen)
+{
+	return nat_check(nat, NULL, NULL, err, errlen);
 }
 
 /* ---- field decoders ------------------------------------------------------ */
@@ -558,26 +624,54 @@ int lb_codec_bool(struct lb_codec_req *r, const char *key, bool dflt, bool *out)
 	return 0;
 }
 
-/* set_nat's 'snat_addrs': IPv4 only (NAT mode is). */
-static int nat_addrs(struct lb_codec_req *r, const msgpack_object *arr, struct lb_nat_config *nat)
+/* set_nat's 'snat_addrs': bin 4 and bin 16 mixed, each into its family's
+ * pool in order; wire4/wire6 record where each came from (errors name the
+ * wire's entry). IPv6 only where the data plane has NAT mode for IPv6. The
+ * per-family count is checked after every entry's type, so that a request
+ * with 20 IPv6 entries is told 20, not 17. */
+static int nat_addrs(struct lb_codec_req *r, const msgpack_object *arr, bool nat6,
+		     struct lb_nat_config *nat, __u8 *wire4, __u8 *wire6)
 {
+	__u32 n4 = 0, n6 = 0;
+
 	if (arr->type != MSGPACK_OBJECT_ARRAY)
 		return fail(r, "field 'snat_addrs' must be an array, got %s", type_name(arr));
-	if (arr->via.array.size > LB_MAX_SNAT_ADDRS)
-		return fail(r, "field 'snat_addrs' has %u entries, at most %u allowed",
-			    arr->via.array.size, LB_MAX_SNAT_ADDRS);
+	if (arr->via.array.size > 2 * LB_MAX_SNAT_ADDRS)
+		return fail(r, "field 'snat_addrs' has %u entries, at most %u allowed (%u of each "
+			    "family)", arr->via.array.size, 2 * LB_MAX_SNAT_ADDRS,
+			    LB_MAX_SNAT_ADDRS);
 	for (uint32_t i = 0; i < arr->via.array.size; i++) {
 		const msgpack_object *e = &arr->via.array.ptr[i];
 
 		if (e->type != MSGPACK_OBJECT_BIN)
 			return fail(r, "field 'snat_addrs[%u]' must be bin, got %s", i,
 				    type_name(e));
-		if (e->via.bin.size != 4)
-			return fail(r, "field 'snat_addrs[%u]' must be bin of 4 bytes (NAT mode is "
-				    "IPv4 only), got %u", i, e->via.bin.size);
-		memcpy(&nat->snat_addrs[i], e->via.bin.ptr, 4); /* network order */
+		if (e->via.bin.size != 4 && e->via.bin.size != 16)
+			return fail(r, "field 'snat_addrs[%u]' must be bin of 4 (IPv4) or 16 (IPv6) "
+				    "bytes, got %u", i, e->via.bin.size);
+		if (e->via.bin.size == 16 && !nat6)
+			return fail(r, "field 'snat_addrs[%u]' is IPv6: this data plane has no NAT "
+				    "mode for IPv6 (no \"nat6\" capability)", i);
+		if (e->via.bin.size == 4) {
+			if (n4 < LB_MAX_SNAT_ADDRS) { /* network order */
+				memcpy(&nat->snat_addrs[n4], e->via.bin.ptr, 4);
+				wire4[n4] = (__u8)i;
+			}
+			n4++;
+		} else {
+			if (n6 < LB_MAX_SNAT_ADDRS) {
+				memcpy(nat->snat_addrs6[n6].v6, e->via.bin.ptr, 16);
+				wire6[n6] = (__u8)i;
+			}
+			n6++;
+		}
 	}
-	nat->snat_naddrs = arr->via.array.size;
+	if (n4 > LB_MAX_SNAT_ADDRS || n6 > LB_MAX_SNAT_ADDRS)
+		return fail(r, "field 'snat_addrs' has %u %s entries, at most %u of each family "
+			    "allowed", n4 > LB_MAX_SNAT_ADDRS ? n4 : n6,
+			    n4 > LB_MAX_SNAT_ADDRS ? "IPv4" : "IPv6", LB_MAX_SNAT_ADDRS);
+	nat->snat_naddrs = n4;
+	nat->snat_naddrs6 = n6;
 	return 0;
 }
 
@@ -618,8 +712,9 @@ static int nat_timeouts(struct lb_codec_req *r, const msgpack_object *map,
 	return 0;
 }
 
-int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat)
+int lb_codec_nat(struct lb_codec_req *r, bool nat6, struct lb_nat_config *nat)
 {
+	__u8 wire4[LB_MAX_SNAT_ADDRS] = { 0 }, wire6[LB_MAX_SNAT_ADDRS] = { 0 };
 	const msgpack_object *o;
 	uint64_t pmin = NAT_PORT_MIN_DEFAULT, pmax = NAT_PORT_MAX_DEFAULT;
 	uint64_t down = LB_NAT_DOWN_RESCHEDULE;
@@ -627,7 +722,7 @@ int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat)
 	lb_proto_nat_defaults(nat);
 	if (lookup(r, r->root, "", "snat_addrs", &o))
 		return -1;
-	if (o && nat_addrs(r, o, nat))
+	if (o && nat_addrs(r, o, nat6, nat, wire4, wire6))
 		return -1;
 	if (get_uint_opt(r, r->root, "", "snat_port_min", 1, 65535, &pmin) ||
 	    get_uint_opt(r, r->root, "", "snat_port_max", 1, 65535, &pmax) ||
@@ -641,8 +736,9 @@ int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat)
 		return -1;
 	if (o && nat_timeouts(r, o, nat))
 		return -1;
-	/* What no single field shows: unicast, distinct addresses; min <= max. */
-	return lb_proto_nat_check(nat, r->err, LB_CODEC_ERR_LEN) ? -1 : 0;
+	/* What no single field shows: unicast, distinct addresses (IPv4 ones
+	 * first, then IPv6); min <= max. */
+	return nat_check(nat, wire4, wire6, r->err, LB_CODEC_ERR_LEN) ? -1 : 0;
 }
 
 int lb_codec_slots(struct lb_codec_req *r, __u32 ring_size, __u32 *dst)
@@ -897,12 +993,17 @@ static void pack_vip(msgpack_packer *pk, __u32 id, const struct lb_proto_vip *v)
 static void pack_nat(msgpack_packer *pk, const struct lb_nat_config *nat)
 {
 	__u32 n = nat->snat_naddrs < LB_MAX_SNAT_ADDRS ? nat->snat_naddrs : LB_MAX_SNAT_ADDRS;
+	__u32 n6 = nat->snat_naddrs6 < LB_MAX_SNAT_ADDRS ? nat->snat_naddrs6 : LB_MAX_SNAT_ADDRS;
 
 	msgpack_pack_map(pk, 5);
 	pack_str(pk, "snat_addrs");
-	msgpack_pack_array(pk, n);
+	/* IPv4 then IPv6, each in its configured order: the order set_nat
+	 * stores a mixed array in, so that the dump sent back changes nothing. */
+	msgpack_pack_array(pk, n + n6);
 	for (__u32 i = 0; i < n; i++)
 		pack_bin(pk, &nat->snat_addrs[i], 4);
+	for (__u32 i = 0; i < n6; i++)
+		pack_bin(pk, nat->snat_addrs6[i].v6, 16);
 	pack_str(pk, "snat_port_min");
 	msgpack_pack_uint16(pk, nat->snat_port_min);
 	pack_str(pk, "snat_port_max");

@@ -142,12 +142,15 @@ int lb_codec_bool(struct lb_codec_req *r, const char *key, bool dflt, bool *out)
 
 /* set_nat's fields into *nat, the whole configuration: every field optional,
  * an absent one takes its lb_proto_nat_defaults value. 'snat_addrs' array of
- * at most LB_MAX_SNAT_ADDRS bin 4; 'snat_port_min', 'snat_port_max' uint
- * 1..65535; 'on_backend_down' uint 0..1; 'timeouts' map of
- * LB_CONN_STATE_NAMES names to uint 1..INT32_MAX (an unknown name is an
- * error; a missing one keeps its default). Then lb_proto_nat_check's rules
- * (unicast, distinct addresses; min <= max). */
-int lb_codec_nat(struct lb_codec_req *r, struct lb_nat_config *nat);
+ * at most 2 x LB_MAX_SNAT_ADDRS bin 4 (into snat_addrs) and bin 16 (into
+ * snat_addrs6, only when nat6: the data plane has NAT mode for IPv6), mixed,
+ * each family's order kept, at most LB_MAX_SNAT_ADDRS of each;
+ * 'snat_port_min', 'snat_port_max' uint 1..65535; 'on_backend_down' uint
+ * 0..1; 'timeouts' map of LB_CONN_STATE_NAMES names to uint 1..INT32_MAX (an
+ * unknown name is an error; a missing one keeps its default). Then
+ * lb_proto_nat_check's rules (unicast, distinct addresses, IPv4 first, each
+ * error naming the wire's entry; min <= max). */
+int lb_codec_nat(struct lb_codec_req *r, bool nat6, struct lb_nat_config *nat);
 
 /* 'slots': exactly ring_size little-endian u32 backend references, into dst
  * (ring_size entries). dst may be partly written on error. */

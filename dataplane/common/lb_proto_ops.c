@@ -73,19 +73,34 @@ static int find_vip(const struct lb_proto_server *srv, const struct lb_vip_key *
 	return -1;
 }
 
-/* The first configured VIP whose connections take a SNAT address, or -1. */
-static int find_snat_vip(const struct lb_proto_state *st)
+/* The first configured VIP of family whose connections take a SNAT address
+ * (from that family's pool), or -1. */
+static int find_snat_vip(const struct lb_proto_state *st, __u8 family)
 {
 	for (int i = 0; i < LB_MAX_VIPS; i++)
-		if (st->vips[i].used && (st->vips[i].nat_flags & LB_VIP_F_SNAT))
+		if (st->vips[i].used && (st->vips[i].nat_flags & LB_VIP_F_SNAT) &&
+		    st->vips[i].key.family == family)
 			return i;
 	return -1;
+}
+
+/* The SNAT pool's size for the VIPs of family. */
+static __u32 pool_size(const struct lb_nat_config *nat, __u8 family)
+{
+	return family == LB_FAMILY_V6 ? nat->snat_naddrs6 : nat->snat_naddrs;
 }
 
 /* Whether the data plane serves NAT mode (lb_proto.h: set_nat). */
 static bool has_nat(const struct lb_proto_server *srv)
 {
 	return srv->ops->set_nat != NULL;
+}
+
+/* Whether it serves NAT mode for IPv6 VIPs too (lb_proto_info.nat6, which
+ * means nothing without NAT mode itself). */
+static bool has_nat6(const struct lb_proto_server *srv)
+{
+	return has_nat(srv) && srv->info.nat6;
 }
 
 /* Whether it serves tunnel mode (lb_proto_info.tunnel). */
@@ -145,7 +160,7 @@ static int vip_mode_rules(struct call *c, const struct lb_vip_key *key, uint64_t
 		return lb_codec_fail(r, "mode not supported by this data plane: field 'mode' is "
 				     "%llu, only %s implemented", (unsigned long long)mode,
 				     modes_served(srv));
-	if (mode == LB_MODE_NAT && key->family != LB_FAMILY_V4)
+	if (mode == LB_MODE_NAT && key->family != LB_FAMILY_V4 && !has_nat6(srv))
 		return lb_codec_fail(r, "field 'mode': NAT mode (1) is IPv4 only, this VIP's "
 				     "'addr' is IPv6");
 	if (mode != LB_MODE_TUNNEL && (given->tunnel_encap || given->gue_port ||
@@ -174,8 +189,10 @@ static int vip_mode_rules(struct call *c, const struct lb_vip_key *key, uint64_t
 	if (snat && mode != LB_MODE_NAT)
 		return lb_codec_fail(r, "field 'snat': only a NAT VIP (mode 1) takes SNAT, "
 				     "field 'mode' is %llu", (unsigned long long)mode);
-	if (snat && srv->st.nat.snat_naddrs == 0)
-		return lb_codec_fail(r, "field 'snat': no SNAT pool configured (set_nat)");
+	/* Each family's VIPs take their SNAT address from their own pool. */
+	if (snat && pool_size(&srv->st.nat, key->family) == 0)
+		return lb_codec_fail(r, "field 'snat': no %sSNAT pool configured (set_nat)",
+				     key->family == LB_FAMILY_V6 ? "IPv6 " : "");
 	return 0;
 }
 
@@ -453,13 +470,20 @@ static int op_set_nat(struct call *c)
 	if (!has_nat(srv))
 		return lb_codec_fail(c->r, "op 'set_nat' not supported: this data plane has no "
 				     "NAT mode");
-	if (lb_codec_nat(c->r, &nat))
+	if (lb_codec_nat(c->r, has_nat6(srv), &nat))
 		return -1;
-	vip = find_snat_vip(&srv->st);
+	/* Per family: an IPv4 pool emptied under an IPv4 SNAT VIP, then an
+	 * IPv6 one under an IPv6 SNAT VIP. */
+	vip = find_snat_vip(&srv->st, LB_FAMILY_V4);
 	if (nat.snat_naddrs == 0 && vip >= 0)
 		return lb_codec_fail(c->r, "field 'snat_addrs': VIP %d uses SNAT, the pool cannot "
 				     "be emptied (set_vip it without snat, or del_vip it, first)",
 				     vip);
+	vip = find_snat_vip(&srv->st, LB_FAMILY_V6);
+	if (nat.snat_naddrs6 == 0 && vip >= 0)
+		return lb_codec_fail(c->r, "field 'snat_addrs': VIP %d uses SNAT, the IPv6 pool "
+				     "cannot be emptied (set_vip it without snat, or del_vip it, "
+				     "first)", vip);
 	err = srv->ops->set_nat(srv->ctx, &nat);
 	if (err)
 		return fail_apply(c, "set_nat", err, srv->ops->set_nat(srv->ctx, &srv->st.nat));
@@ -634,6 +658,12 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 		snprintf(err, errlen, "NAT configuration: %s", why);
 		return -EINVAL;
 	}
+	/* set_nat refuses an IPv6 pool where the plane has no NAT for IPv6. */
+	if (has_nat(srv) && !has_nat6(srv) && st->nat.snat_naddrs6) {
+		snprintf(err, errlen, "NAT configuration: %u IPv6 SNAT addresses on a data plane "
+			 "without NAT mode for IPv6", st->nat.snat_naddrs6);
+		return -EINVAL;
+	}
 	for (__u32 i = 0; i < LB_MAX_BACKENDS; i++) {
 		const struct lb_backend *b = &st->backends[i];
 
@@ -665,10 +695,11 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 			snprintf(err, errlen, "VIP %u: bad key", i);
 			return -EINVAL;
 		}
-		/* set_vip's mode rules: DSR, NAT (IPv4) where the plane has it,
-		 * tunnel where the plane has it. */
+		/* set_vip's mode rules: DSR, NAT (IPv4; IPv6 too with nat6)
+		 * where the plane has it, tunnel where the plane has it. */
 		if (v->mode != LB_MODE_DSR &&
-		    (v->mode != LB_MODE_NAT || !has_nat(srv) || v->key.family != LB_FAMILY_V4) &&
+		    (v->mode != LB_MODE_NAT || !has_nat(srv) ||
+		     (v->key.family != LB_FAMILY_V4 && !has_nat6(srv))) &&
 		    (v->mode != LB_MODE_TUNNEL || !has_tunnel(srv))) {
 			snprintf(err, errlen, "VIP %u: mode %u (family %u) not served", i, v->mode,
 				 v->key.family);
@@ -687,10 +718,12 @@ int lb_proto_server_restore(struct lb_proto_server *srv, const struct lb_proto_s
 			return -EINVAL;
 		}
 		if ((v->nat_flags & ~LB_VIP_F_SNAT) ||
-		    (v->nat_flags && (v->mode != LB_MODE_NAT || st->nat.snat_naddrs == 0))) {
-			snprintf(err, errlen, "VIP %u: nat_flags 0x%x with mode %u and %u SNAT "
+		    (v->nat_flags && (v->mode != LB_MODE_NAT ||
+				      pool_size(&st->nat, v->key.family) == 0))) {
+			snprintf(err, errlen, "VIP %u: nat_flags 0x%x with mode %u and %u %sSNAT "
 				 "addresses", i, v->nat_flags, v->mode,
-				 has_nat(srv) ? st->nat.snat_naddrs : 0);
+				 has_nat(srv) ? pool_size(&st->nat, v->key.family) : 0,
+				 v->key.family == LB_FAMILY_V6 ? "IPv6 " : "");
 			return -EINVAL;
 		}
 		for (__u32 s = 0; s < rs; s++) {

@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * fwd_conn.h - the DPDK forwarder's NAT connection table (lb_tables.h "NAT
- * mode: the connection table", rules in lb_conn.h): struct lb_flow_key_v4 ->
- * struct lb_conn, two entries per connection, at most `capacity` entries.
+ * fwd_conn.h - the DPDK forwarder's NAT connection tables (lb_tables.h "NAT
+ * mode: the connection table", rules in lb_conn.h), one per family:
+ *   IPv4  struct fwd_conn_table,  struct lb_flow_key_v4 -> struct lb_conn
+ *   IPv6  struct fwd_conn6_table, struct lb_flow_key (family 6) -> struct lb_conn6
+ * two entries per connection, at most `capacity` entries each. Both are one
+ * code, written once in fwd_conn_family.h (types, inline lookups) and
+ * fwd_conn_family.c.h (operations), instantiated twice by key type: the
+ * IPv4 instance is the code the forwarder had before IPv6 NAT, name for name
+ * (fwd_conn_*), the IPv6 one the same with fwd_conn6_* names.
  *
- * One table for the whole forwarder, not one per worker. Every worker polls
- * its own queue of every port, and RSS (or af_packet/af_xdp's steering)
+ * One table per family for the whole forwarder, not one per worker. Every
+ * worker polls its own queue of every port, and RSS (or af_packet/af_xdp's steering)
  * picks the queue from each frame's own tuple. That cannot bring both
  * directions of a NAT connection to one worker: a symmetric RSS key
  * makes (a,b) and (b,a) land together, but the reply of a translated
@@ -48,13 +54,17 @@
  * Per-worker figures (connections by state, SNAT ports held, expired) live in
  * struct fwd_conn_figures, written only by their worker (a transition is
  * counted by the worker that made it, as signed deltas) and summed by
- * read_conns; the live entry count is the table's own.
+ * read_conns; the live entry count is the table's own. The two families'
+ * tables count into the same per-worker figures: the protocol reports the
+ * sums over both (nat6 spec 1), and one worker's transitions in either table
+ * are still written by that worker alone.
  */
 #ifndef HPCLB_FWD_CONN_H
 #define HPCLB_FWD_CONN_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 #include <rte_hash.h>
 #include <rte_rcu_qsbr.h>
 #include <rte_spinlock.h>
@@ -71,23 +81,9 @@
 #define FWD_CONN_HEADROOM 4096
 #define FWD_CONN_NO_SLOT 0xffffffffu
 
-struct fwd_conn_slot {
-	struct lb_conn c;          /* the contract's entry */
-	struct lb_flow_key_v4 key; /* this entry's own key (removal, the sweep) */
-	__u32 peer_idx;            /* slot of the other direction's entry */
-	__u8 used;                 /* written under the lock; read as a hint by the sweep */
-	__u8 pad[3];
-} __attribute__((aligned(64))); /* one cache line per entry */
-
-_Static_assert(sizeof(struct fwd_conn_slot) == 64, "one cache line per entry");
-/* state and fin_dirs are updated together as one naturally aligned 16-bit word. */
-_Static_assert(offsetof(struct lb_conn, fin_dirs) == offsetof(struct lb_conn, state) + 1 &&
-		       offsetof(struct lb_conn, state) % 2 == 0,
-	       "state and fin_dirs form an aligned 16-bit word");
-
-/* What one worker did to the table: signed deltas, summed over the workers
- * by read_conns (a connection opened by one worker and closed by another is
- * +1 in one, -1 in the other). */
+/* What one worker did to the tables (both families): signed deltas, summed
+ * over the workers by read_conns (a connection opened by one worker and
+ * closed by another is +1 in one, -1 in the other). */
 struct fwd_conn_figures {
 	__s64 by_state[LB_CONN_STATES]; /* connections, by their original entry's state */
 	__s64 snat_ports;               /* connections holding a SNAT port */
@@ -101,50 +97,9 @@ struct fwd_conn_retired {
 	__u32 slot;
 };
 
-struct fwd_conn_table {
-	/* Read by every lookup, written only at init: a cache line of its own,
-	 * so that the writers' lock and counts below do not bounce it. */
-	struct rte_hash *h;
-	struct fwd_conn_slot *slots; /* nslots; a slot's index is ours, not rte_hash's */
-	__u32 nslots;                /* capacity + headroom: what the hash can hold */
-	__u32 capacity;              /* entries (two per connection); exact */
-	bool shared;                 /* several workers: lock, atomics, deferred reuse */
-	struct rte_rcu_qsbr *qsbr;   /* the table store's; NULL when not shared */
-	__u8 sig_key[LB_HASH_KEY_LEN];
-	__u32 *free_slots;           /* free slot indices (a stack of nfree) */
-	/* Original keys of embryonic connections in creation order: a ring of
-	 * `capacity` keys; a push to a full ring drops the oldest. */
-	struct lb_flow_key_v4 *fifo;
-	/* Removed entries in removal order (tokens ascend): nslots places, so it
-	 * cannot overflow. */
-	struct fwd_conn_retired *retired;
-
-	/* The writers' state, under the lock (count and retired_len are also
-	 * read without it, as hints and figures). */
-	rte_spinlock_t lock __attribute__((aligned(64)));
-	__u32 count;                 /* live entries */
-	__u32 nfree;
-	__u32 fifo_head, fifo_len;
-	__u32 retired_head, retired_len;
-};
-
-/* A worker's share of the idle sweep: slots [lo, hi), next one to look at. */
+/* A worker's share of a table's idle sweep: slots [lo, hi), next one to look at. */
 struct fwd_conn_sweep {
 	__u32 lo, hi, next;
-};
-
-/* What a new connection is made of (fwd_conn_open). */
-struct fwd_conn_req {
-	struct lb_flow_key_v4 orig; /* the original direction's key (a miss) */
-	hash_sig_t orig_sig;
-	__be32 backend_addr;
-	__be16 backend_port;
-	bool snat;                  /* take a SNAT pair: snat_addr and a port */
-	__be32 snat_addr;
-	__u16 port_min, port_max;   /* host order, inclusive */
-	__u64 hash;                 /* the flow hash: picks the SNAT candidates */
-	struct lb_conn tmpl;        /* backend_id, vip_id, state, client_mac, client_port */
-	__u64 now_ns;
 };
 
 enum fwd_conn_open_status {
@@ -154,61 +109,6 @@ enum fwd_conn_open_status {
 				* the reply key belongs to another connection) */
 	FWD_CONN_FULL,       /* no room and nothing embryonic to evict */
 };
-
-/* capacity entries (even, LB_CONN_TABLE_MIN..MAX) for nworkers workers;
- * qsbr is the table store's (ignored with one worker). name must be unique in
- * the process. 0 or a negative errno. */
-int fwd_conn_init(struct fwd_conn_table *ct, const char *name, __u32 capacity,
-		  unsigned int nworkers, struct rte_rcu_qsbr *qsbr, int socket_id);
-void fwd_conn_free(struct fwd_conn_table *ct);
-
-/* Worker w's part of the sweep. */
-void fwd_conn_sweep_init(const struct fwd_conn_table *ct, struct fwd_conn_sweep *sw,
-			 unsigned int w, unsigned int nworkers);
-
-/* The rte_hash signature of a key: SipHash-2-4 under the table's own random
- * key (as fwd_flow.c: an outsider cannot aim keys at a bucket). */
-static inline hash_sig_t fwd_conn_sig(const struct fwd_conn_table *ct,
-				      const struct lb_flow_key_v4 *k)
-{
-	return (hash_sig_t)lb_flow_hash_v4_key(ct->sig_key, k);
-}
-
-/* The entry of key, or NULL. Lock-free; the entry stays readable until the
- * caller's next quiescent state. */
-static inline struct fwd_conn_slot *fwd_conn_lookup(const struct fwd_conn_table *ct,
-						    const struct lb_flow_key_v4 *k,
-						    hash_sig_t sig)
-{
-	void *data;
-
-	if (rte_hash_lookup_with_hash_data(ct->h, k, sig, &data) < 0)
-		return NULL;
-	return data;
-}
-
-/* Live entries (for the fast path's "is there anything to look up" and the
- * figures). */
-static inline __u32 fwd_conn_count(const struct fwd_conn_table *ct)
-{
-	return __atomic_load_n(&ct->count, __ATOMIC_RELAXED);
-}
-
-/* Nothing for the sweep to do: no live entry, none awaiting reuse. */
-static inline bool fwd_conn_at_rest(const struct fwd_conn_table *ct)
-{
-	return !fwd_conn_count(ct) && !__atomic_load_n(&ct->retired_len, __ATOMIC_RELAXED);
-}
-
-/* The original entry of the connection e belongs to (e itself, or its peer's
- * slot). */
-static inline struct fwd_conn_slot *fwd_conn_orig(const struct fwd_conn_table *ct,
-						  struct fwd_conn_slot *e)
-{
-	if (e->c.dir == LB_CONN_ORIG)
-		return e;
-	return e->peer_idx < ct->nslots ? &ct->slots[e->peer_idx] : NULL;
-}
 
 /* state and fin_dirs as one word: byte 0 (the lower address) is state. */
 typedef __u16 __attribute__((may_alias)) fwd_conn_word_t;
@@ -243,45 +143,59 @@ static inline __u8 fwd_conn_word_fin(__u16 w)
 	return u.b[1];
 }
 
-/* The state of an original entry (FWD_CONN_DEAD once it is being removed). */
-static inline __u8 fwd_conn_state(const struct fwd_conn_slot *o)
-{
-	const fwd_conn_word_t *w = (const fwd_conn_word_t *)&o->c.state;
+/* ---- the per-family parts ----------------------------------------------
+ * fwd_conn_family.h is read once per family with these names defined:
+ *   FC(x)          the family's name for x: fwd_conn_x, fwd_conn6_x
+ *   FC_KEY         its key type, FC_ENTRY its entry type (the contract's)
+ *   FC_ADDR        an address of the family (__be32, union lb_addr)
+ *   FC_KEY_HASH    the key's SipHash (the IPv4 flow hash; the 40-byte one)
+ *   FC_SLOT_SIZE   one slot's bytes: a whole number of cache lines
+ *   FC_REPLY_KEY   lb_conn.h's reply key builder, addresses by value
+ *   FC_ADDR_ZERO   whether an FC_ADDR is the unspecified address
+ * fwd_conn.c defines the same for fwd_conn_family.c.h. */
+#define FC_CAT_(a, b) a##b
+#define FC_CAT(a, b) FC_CAT_(a, b)
 
-	return fwd_conn_word_state(__atomic_load_n(w, __ATOMIC_RELAXED));
+/* IPv6's reply key builder with the IPv4 one's calling convention (addresses
+ * by value), so that the shared code calls either the same way. */
+static inline void fwd_conn6_reply_key(struct lb_flow_key *reply, union lb_addr backend_addr,
+				       __be16 backend_port, union lb_addr client_addr,
+				       __be16 client_port, __u8 proto)
+{
+	lb_conn6_reply_key(reply, &backend_addr, backend_port, &client_addr, client_port, proto);
 }
 
-/* A packet in direction dir of the connection whose original entry is o:
- * stamps last_seen and moves the state (lb_conn_next_state). false when the
- * connection is being removed by another worker. */
-bool fwd_conn_update(struct fwd_conn_table *ct, struct fwd_conn_figures *fig,
-		     struct fwd_conn_slot *o, __u8 dir, __u8 proto, __u8 tcp_flags, __u64 now_ns);
+static inline bool fwd_conn6_addr_zero(const union lb_addr *a)
+{
+	return !(a->v6w[0] | a->v6w[1] | a->v6w[2] | a->v6w[3]);
+}
 
-/* Opens the connection req describes (lb_conn.h, "Miss"): picks the reply key
- * (with SNAT, the first free of LB_SNAT_PROBES candidates), makes room (the
- * oldest embryonic connection of the FIFO, *evicted = true) and inserts both
- * entries, the original first. *out: the original entry (OPENED, EXISTS). */
-enum fwd_conn_open_status fwd_conn_open(struct fwd_conn_table *ct, struct fwd_conn_figures *fig,
-					const struct fwd_conn_req *req,
-					struct fwd_conn_slot **out, bool *evicted);
+#define FC(x) FC_CAT(fwd_conn_, x)
+#define FC_KEY struct lb_flow_key_v4
+#define FC_ENTRY struct lb_conn
+#define FC_ADDR __be32
+#define FC_KEY_HASH lb_flow_hash_v4_key
+#define FC_SLOT_SIZE 64 /* one cache line per entry */
+#define FC_REPLY_KEY lb_conn_reply_key
+#define FC_ADDR_ZERO(a) ((a) == 0)
+#include "fwd_conn_family.h"
 
-/* Removes both entries of the connection whose original entry is o (a
- * reschedule). Nothing happens if it is already gone. */
-void fwd_conn_close(struct fwd_conn_table *ct, struct fwd_conn_figures *fig,
-		    struct fwd_conn_slot *o);
+#define FC(x) FC_CAT(fwd_conn6_, x)
+#define FC_KEY struct lb_flow_key
+#define FC_ENTRY struct lb_conn6
+#define FC_ADDR union lb_addr
+#define FC_KEY_HASH lb_flow_hash_v6
+#define FC_SLOT_SIZE 128 /* the 64-byte entry and its 40-byte key: two lines */
+#define FC_REPLY_KEY fwd_conn6_reply_key
+#define FC_ADDR_ZERO(a) fwd_conn6_addr_zero(&(a))
+#include "fwd_conn_family.h"
 
-/* Looks at the next `budget` slots of sw and removes the connections idle
- * for longer than their state's timeout (timeouts_s, by state). Returns how
- * many it removed (also added to fig->expired). Also reuses what the readers
- * have let go. */
-unsigned int fwd_conn_expire(struct fwd_conn_table *ct, struct fwd_conn_figures *fig,
-			     struct fwd_conn_sweep *sw, const __u32 *timeouts_s, __u64 now_ns,
-			     unsigned int budget);
-
-/* The figures of the whole table from the workers' (n of them): capacity,
- * entries, by_state, snat_ports_in_use, expired. A sum that a race makes
- * negative for a moment reads as 0. */
-void fwd_conn_read(const struct fwd_conn_table *ct, const struct fwd_conn_figures *const *figs,
-		   unsigned int n, struct lb_conn_stats *out);
+/* The figures of the whole NAT state from the workers' (n of them): the sums
+ * over both tables (either may be NULL) of capacity, entries, by_state,
+ * snat_ports_in_use, expired. A sum that a race makes negative for a moment
+ * reads as 0. */
+void fwd_conn_read(const struct fwd_conn_table *ct, const struct fwd_conn6_table *ct6,
+		   const struct fwd_conn_figures *const *figs, unsigned int n,
+		   struct lb_conn_stats *out);
 
 #endif /* HPCLB_FWD_CONN_H */

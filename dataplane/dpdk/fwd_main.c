@@ -12,8 +12,8 @@
  * and registers the telemetry commands; every other lcore of the EAL core
  * list is a worker (fwd_worker.c). Tables are swapped under RCU
  * (fwd_tables.c), so serving a request never stops a worker. NAT mode's
- * connection table (fwd_conn.c, --conn-table-size entries) is one for all
- * workers. The control plane renders the EAL options from its templates.
+ * connection tables (fwd_conn.c: one per family, --conn-table-size entries
+ * each) are each one for all workers. The control plane renders the EAL options from its templates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -72,8 +72,8 @@ static void usage(FILE *f)
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
 		"--flow-table-size %u\n"
 		"          (per worker), --flow-timeout %u, --conn-table-size %u (entries, two\n"
-		"          per NAT connection, shared by the workers), --idle-sleep-us 0,\n"
-		"          --numa warn\n",
+		"          per NAT connection, in each family's table, shared by the workers),\n"
+		"          --idle-sleep-us 0, --numa warn\n",
 		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S, LB_CONN_TABLE_DEFAULT);
 }
 
@@ -191,8 +191,9 @@ static int split_args(int argc, char **argv)
 	return argc;
 }
 
-static const char *const capabilities[] = { "dsr", "nat", "tunnel", "patch_ring", "redirect",
-					    "arp_reply", "ndp_reply", "rcu_tables", NULL };
+static const char *const capabilities[] = { "dsr", "nat", "nat6", "tunnel", "patch_ring",
+					    "redirect", "arp_reply", "ndp_reply", "rcu_tables",
+					    NULL };
 
 static struct fwd_context ctx;
 static struct fwd_port *ports_for_stats;
@@ -231,6 +232,8 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 		w->counters = ctx.counters[i];
 		w->conns = ctx.conns;
 		fwd_conn_sweep_init(ctx.conns, &w->conn_sweep, i, n);
+		w->conns6 = ctx.conns6;
+		fwd_conn6_sweep_init(ctx.conns6, &w->conn6_sweep, i, n);
 		snprintf(name, sizeof(name), "hpclb_flows_%u", i);
 		rc = fwd_flow_init(&w->flows, name, o->flow_table_size, timeout_tsc, socket);
 		if (rc) {
@@ -340,13 +343,26 @@ int main(int argc, char **argv)
 		ctx.conns = NULL;
 		goto out;
 	}
+	/* The IPv6 one beside it, as large (--conn-table-size entries each). */
+	ctx.conns6 = rte_zmalloc("hpclb_conn6_table", sizeof(*ctx.conns6), RTE_CACHE_LINE_SIZE);
+	rc = ctx.conns6 ? fwd_conn6_init(ctx.conns6, "hpclb_conns6", o.conn_table_size, nworkers,
+					 ctx.store.qsbr, o.ports[0].socket_id)
+			: -ENOMEM;
+	if (rc) {
+		lb_log(LB_LOG_ERR, "IPv6 NAT connection table (%u entries): %s", o.conn_table_size,
+		       strerror(-rc));
+		rte_free(ctx.conns6);
+		ctx.conns6 = NULL;
+		goto out;
+	}
 
 	memset(&info, 0, sizeof(info));
 	info.dataplane = "dpdk";
 	info.attach_mode = "poll";
 	info.capabilities = capabilities;
 	info.tunnel = true; /* tunnel mode (fwd_packet.c, lb_encap.h): set_vip takes mode 2 */
-	info.conn_table_size = o.conn_table_size;
+	info.nat6 = true; /* NAT mode for IPv6 VIPs (fwd_packet.c, the IPv6 table) */
+	info.conn_table_size = o.conn_table_size; /* entries per family's table */
 	info.nports = o.nports;
 	for (unsigned int p = 0; p < o.nports; p++)
 		fwd_port_info(&o.ports[p], &info.ports[p]);
@@ -369,7 +385,7 @@ int main(int argc, char **argv)
 	if (fwd_telemetry_register(&tview))
 		lb_log(LB_LOG_WARN, "registering the telemetry commands failed");
 	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker, "
-	       "%u NAT connection entries", nworkers, o.nports, o.common.ring_size,
+	       "%u NAT connection entries per family", nworkers, o.nports, o.common.ring_size,
 	       o.flow_table_size, o.conn_table_size);
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	clock_gettime(CLOCK_MONOTONIC, &t_ready);
@@ -393,6 +409,10 @@ out:
 	if (ctx.conns) {
 		fwd_conn_free(ctx.conns);
 		rte_free(ctx.conns);
+	}
+	if (ctx.conns6) {
+		fwd_conn6_free(ctx.conns6);
+		rte_free(ctx.conns6);
 	}
 	if (ctx.store.current)
 		fwd_store_free(&ctx.store);

@@ -194,8 +194,10 @@ static int nd_opts(const __u8 *opt, __u32 n)
 	return n ? -1 : slla; /* more than ND_MAX_OPTS: not a solicitation we answer */
 }
 
-/* A Neighbor Solicitation for an IPv6 VIP address becomes its Neighbor
- * Advertisement (RFC 4861 4.4, 7.2.4), in place: S|O, the target, a target
+/* A Neighbor Solicitation for an IPv6 VIP address or an address of the IPv6
+ * SNAT pool (a backend resolves the pool address its replies go to, as ARP
+ * for the IPv4 pool) becomes its Neighbor Advertisement (RFC 4861 4.4,
+ * 7.2.4), in place: S|O, the target, a target
  * link-layer address option with the ingress port's MAC, from the target to
  * the solicitation's source. A solicitation from the unspecified address
  * (duplicate address detection) is answered to all-nodes, S clear, as 7.2.4
@@ -227,7 +229,8 @@ static __attribute__((noinline)) enum fwd_verdict ndp(struct fwd_packet_ctx *c, 
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	n = p->l3_len - sizeof(*ip6);
 	if (ip6->hop_limit != ND_HOP_LIMIT || icmp[0] != ICMPV6_NS || icmp[1] != 0 ||
-	    icmp6_sum(ip6, icmp, n) != 0xffff || !fwd_is_vip6_addr(c->tables, icmp + 8))
+	    icmp6_sum(ip6, icmp, n) != 0xffff ||
+	    (!fwd_is_vip6_addr(c->tables, icmp + 8) && !fwd_is_snat6_addr(c->tables, icmp + 8)))
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	slla = nd_opts(icmp + ND_NS_LEN, n - ND_NS_LEN);
 	dad = !memcmp(ip6->saddr, unspecified, 16);
@@ -432,7 +435,8 @@ static __attribute__((noinline)) enum fwd_verdict nat_vip(struct fwd_packet_ctx 
 		hash = lb_flow_hash_v4_key(t->config.hash_key, &key);
 		backend_id = pick_backend(t, vip->vip_id, hash);
 		be = backend_in(t, backend_id, LB_BACKEND_UP);
-		if (!be)
+		/* No NAT46: an IPv4 VIP's connection goes to an IPv4 backend. */
+		if (!be || be->family != LB_FAMILY_V4)
 			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP);
 		req.orig = key;
 		req.backend_addr = be->addr.v4;
@@ -507,6 +511,247 @@ static __attribute__((noinline)) enum fwd_verdict nat_icmp(struct fwd_packet_ctx
 	return nat_out(c, frame, len, mac, port, &e->c, out_port);
 }
 
+/* ---- NAT mode for IPv6 ---------------------------------------------------
+ * lb_conn.h's steps again, on the IPv6 table (struct fwd_conn6_table, keys
+ * struct lb_flow_key with family 6) and lb_nat6.h's rewrites; the
+ * differences are the nat6 spec's: the key is the 40-byte flow key the DSR
+ * path builds (flow_key_v6), the flow hash the 40-byte one, the SNAT pool
+ * snat_addrs6, IPv6 backends only, and an L4 header beyond
+ * LB_NAT6_MAX_L4_OFF (too many extension headers to rewrite behind) passed
+ * to the kernel as pass_ext_headers. Out of line like everything IPv6, so the
+ * IPv4 paths compile as they did. */
+
+/* NAT mode is "active" (lb_conn.h, the spec's sections 4 and 6; XDP's
+ * nat_active): a NAT VIP is configured, or a connection table of either
+ * family still holds entries. Only then do an IPv6 frame for no VIP and an
+ * ICMPv6 error go through NAT's checks, so that the planes count a frame
+ * beyond LB_NAT6_MAX_L4_OFF alike (pass_ext_headers while active). */
+static inline bool nat_active(const struct fwd_packet_ctx *c)
+{
+	return c->tables->has_nat_vip || (c->conns && fwd_conn_count(c->conns)) ||
+	       (c->conns6 && fwd_conn6_count(c->conns6));
+}
+
+/* An L4 header NAT can reach: at most LB_NAT6_MAX_L4_OFF into the frame. */
+static inline bool nat6_reachable(const struct lb_parsed *p)
+{
+	return p->l4_off <= LB_NAT6_MAX_L4_OFF;
+}
+
+/* nat_out for an IPv6 connection's entry. Its own copy: nat_out shared
+ * through a common helper compiled into a different calling convention for
+ * the IPv4 callers (gcc's IPA-SRA; two to six instructions more a packet). */
+static enum fwd_verdict nat6_out(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+				 const __u8 *dst_mac, __u32 port, const struct lb_conn6 *e,
+				 __u32 *out_port)
+{
+	if (port >= c->nports)
+		return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
+	if (lb_rewrite_macs(frame, frame + len, dst_mac, c->port_macs[port]))
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	stat(c, port == c->in_port ? LB_STAT_FWD_TX : LB_STAT_FWD_REDIRECT, len, FWD_OUT);
+	if (e->vip_id < LB_MAX_VIPS)
+		count(&c->counters->vips[e->vip_id], len);
+	if (e->backend_id < LB_MAX_BACKENDS)
+		count(&c->counters->backends[e->backend_id], len);
+	*out_port = port;
+	return FWD_OUT;
+}
+
+static enum fwd_verdict nat6_to_backend(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+					const struct lb_parsed *p, const struct lb_flow_key *key,
+					const struct fwd_conn6_slot *o, const struct lb_backend *be,
+					__u32 *out_port)
+{
+	if (lb_conn6_translate(frame, frame + len, p, key, &o->c.peer) != LB_NAT_OK)
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	return nat6_out(c, frame, len, be->mac, be->port ? be->port : c->in_port, &o->c, out_port);
+}
+
+/* Step 2: a packet matching the reply entry r. */
+static enum fwd_verdict nat6_reply(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+				   const struct lb_parsed *p, const struct lb_flow_key *key,
+				   const struct fwd_conn6_slot *r, __u8 tcp_flags, __u32 *out_port)
+{
+	struct fwd_conn6_slot *o = fwd_conn6_orig(c->conns6, (struct fwd_conn6_slot *)r);
+
+	/* Removed by another worker a moment ago: as if not found. */
+	if (!o || !fwd_conn6_update(c->conns6, &c->counters->conns, o, LB_CONN_REPLY, p->proto,
+				    tcp_flags, c->now_ns))
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	stat(c, LB_STAT_CONN_REPLY, len, FWD_DROP);
+	if (lb_conn6_translate(frame, frame + len, p, key, &r->c.peer) != LB_NAT_OK)
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	return nat6_out(c, frame, len, r->c.client_mac, r->c.client_port, &r->c, out_port);
+}
+
+/* Step 1: a TCP/UDP packet to an IPv6 NAT VIP; key is its flow key. */
+static enum fwd_verdict nat6_vip(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+				 const struct lb_parsed *p, const struct lb_flow_key *key,
+				 const struct fwd_vip_slot *vip, __u32 *out_port)
+{
+	const struct fwd_tables *t = c->tables;
+	struct fwd_conn6_table *ct = c->conns6;
+	struct fwd_conn_figures *fig = &c->counters->conns;
+	const struct lb_backend *be;
+	struct fwd_conn6_slot *e;
+	struct fwd_conn6_req req;
+	enum fwd_conn_open_status st;
+	__u32 backend_id;
+	__u8 tcp_flags;
+	__u64 hash;
+	bool evicted;
+
+	if (!ct) /* no table (cannot happen: the forwarder always has one) */
+		return stat(c, LB_STAT_DROP_CONN_FULL, len, FWD_DROP);
+	if (!nat6_reachable(p))
+		return stat(c, LB_STAT_PASS_EXT_HEADERS, len, FWD_TO_KERNEL);
+	tcp_flags = lb_tcp_flags6(frame, frame + len, p);
+	req.orig_sig = fwd_conn6_sig(ct, key);
+	e = fwd_conn6_lookup(ct, key, req.orig_sig);
+	/* At most twice, as nat_vip. */
+	for (__u32 round = 0; round < 2; round++) {
+		if (e && e->c.dir == LB_CONN_REPLY) /* a reply to a pool address that is a VIP's */
+			return nat6_reply(c, frame, len, p, key, e, tcp_flags, out_port);
+		if (e) {
+			be = conn_backend(t, e->c.backend_id);
+			if (be) {
+				fwd_conn6_update(ct, fig, e, LB_CONN_ORIG, p->proto, tcp_flags,
+						 c->now_ns);
+				stat(c, LB_STAT_CONN_HIT, len, FWD_DROP);
+				return nat6_to_backend(c, frame, len, p, key, e, be, out_port);
+			}
+			if (t->nat.on_backend_down == LB_NAT_DOWN_DROP)
+				return stat(c, LB_STAT_DROP_BACKEND_DOWN, len, FWD_DROP);
+			stat(c, LB_STAT_CONN_RESCHEDULE, len, FWD_DROP);
+			fwd_conn6_close(ct, fig, e); /* both entries; on as a miss */
+		}
+
+		/* Miss. */
+		req.tmpl.state = lb_conn_open_state(p->proto, tcp_flags);
+		if (req.tmpl.state == LB_CONN_NO_STATE)
+			return stat(c, LB_STAT_DROP_CONN_INVALID, len, FWD_DROP);
+		hash = lb_flow_hash_v6(t->config.hash_key, key);
+		backend_id = pick_backend(t, vip->vip_id, hash);
+		be = backend_in(t, backend_id, LB_BACKEND_UP);
+		/* No NAT64: an IPv6 VIP's connection goes to an IPv6 backend. */
+		if (!be || be->family != LB_FAMILY_V6)
+			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP);
+		req.orig = *key;
+		req.backend_addr = be->addr;
+		req.backend_port = vip->nat_port ? vip->nat_port : key->dport;
+		req.snat = vip->nat_flags & LB_VIP_F_SNAT;
+		/* No IPv6 pool: the unspecified address, which fwd_conn6_open
+		 * refuses (drop_snat_exhausted). */
+		memset(&req.snat_addr, 0, sizeof(req.snat_addr));
+		if (req.snat && t->nat.snat_naddrs6 && t->nat.snat_naddrs6 <= LB_MAX_SNAT_ADDRS)
+			req.snat_addr =
+				t->nat.snat_addrs6[lb_snat_addr_index(hash, t->nat.snat_naddrs6)];
+		req.port_min = t->nat.snat_port_min;
+		req.port_max = t->nat.snat_port_max;
+		req.hash = hash;
+		req.now_ns = c->now_ns;
+		memset(&req.tmpl.peer, 0, sizeof(req.tmpl.peer));
+		req.tmpl.last_seen_ns = 0;
+		req.tmpl.backend_id = backend_id;
+		req.tmpl.vip_id = (__u8)vip->vip_id;
+		req.tmpl.dir = LB_CONN_ORIG;
+		req.tmpl.fin_dirs = 0;
+		memcpy(req.tmpl.client_mac, frame + 6, 6); /* the Ethernet source: parsed */
+		req.tmpl.client_port = (__u8)c->in_port;
+		req.tmpl.flags = 0;
+		st = fwd_conn6_open(ct, fig, &req, &e, &evicted);
+		if (st == FWD_CONN_EXISTS)
+			continue;
+		if (st == FWD_CONN_NO_REPLY_KEY)
+			return stat(c, LB_STAT_DROP_SNAT_EXHAUSTED, len, FWD_DROP);
+		if (st != FWD_CONN_OPENED)
+			return stat(c, LB_STAT_DROP_CONN_FULL, len, FWD_DROP);
+		if (evicted)
+			stat(c, LB_STAT_CONN_EVICT, len, FWD_DROP);
+		stat(c, LB_STAT_CONN_NEW, len, FWD_DROP);
+		return nat6_to_backend(c, frame, len, p, key, e, be, out_port);
+	}
+	/* Opened by another worker, then gone again: give up on this one. */
+	return stat(c, LB_STAT_DROP_CONN_FULL, len, FWD_DROP);
+}
+
+/* Step 2's lookup for an IPv6 frame to no VIP, while NAT is active
+ * (nat_active): FWD_DROP with *handled false when it is no reply of ours. */
+static enum fwd_verdict nat6_not_vip(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+				     const struct lb_parsed *p, const struct lb_flow_key *key,
+				     __u32 *out_port, bool *handled)
+{
+	const struct fwd_conn6_slot *e;
+
+	*handled = c->conns6 != NULL; /* no IPv6 table (a self-test's context): nothing of ours */
+	if (!*handled)
+		return FWD_DROP;
+	if (!nat6_reachable(p))
+		return stat(c, LB_STAT_PASS_EXT_HEADERS, len, FWD_TO_KERNEL);
+	e = fwd_conn6_lookup(c->conns6, key, fwd_conn6_sig(c->conns6, key));
+	/* An original entry here is one whose VIP is gone. */
+	if (e && e->c.dir == LB_CONN_REPLY)
+		return nat6_reply(c, frame, len, p, key, e, lb_tcp_flags6(frame, frame + len, p),
+				  out_port);
+	*handled = false;
+	return FWD_DROP;
+}
+
+/* Step 3 for ICMPv6: an error (types 1-4) while NAT is active (nat_active), whose quote, reversed, is a connection's key. FWD_DROP with
+ * *handled false when the frame is no error of ours to translate (the
+ * caller goes on to neighbour discovery, which passes what it does not
+ * answer). */
+static enum fwd_verdict nat6_icmp(struct fwd_packet_ctx *c, __u8 *frame, __u32 len,
+				  const struct lb_parsed *p, __u32 *out_port, bool *handled)
+{
+	const struct fwd_tables *t = c->tables;
+	struct lb_nat6_icmp ic;
+	struct lb_flow_key key;
+	const struct fwd_conn6_slot *e;
+	const __u8 *mac;
+	__u8 type;
+	__u32 port;
+
+	*handled = false;
+	/* The type byte, if the ICMPv6 header begins in the frame: only the
+	 * errors are NAT's; a Neighbor Solicitation goes on to ndp(). */
+	if (!c->conns6 || p->l4_off >= len)
+		return FWD_DROP;
+	type = frame[p->l4_off];
+	if (type < LB_ICMP6_DEST_UNREACH || type > LB_ICMP6_PARAMPROB)
+		return FWD_DROP;
+	*handled = true;
+	if (!nat6_reachable(p))
+		return stat(c, LB_STAT_PASS_EXT_HEADERS, len, FWD_TO_KERNEL);
+	if (lb_nat6_icmp_parse(frame, frame + len, p, &ic) != LB_NAT_OK)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	lb_conn6_icmp_key(&key, &ic);
+	e = fwd_conn6_lookup(c->conns6, &key, fwd_conn6_sig(c->conns6, &key));
+	if (!e)
+		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	if (e->c.dir == LB_CONN_REPLY) {
+		mac = e->c.client_mac;
+		port = e->c.client_port;
+	} else {
+		const struct lb_backend *be = e->c.backend_id < LB_MAX_BACKENDS
+						      ? &t->backends[e->c.backend_id]
+						      : NULL;
+
+		if (!be || be->state == LB_BACKEND_UNUSED) {
+			/* Removed from the tables since: no MAC, no port. */
+			stat(c, LB_STAT_NAT_ICMP, len, FWD_DROP);
+			return stat(c, LB_STAT_DROP_TX_ERROR, len, FWD_DROP);
+		}
+		mac = be->mac;
+		port = be->port ? be->port : c->in_port;
+	}
+	if (lb_conn6_icmp_translate(frame, frame + len, &ic, &e->c.peer) != LB_NAT_OK)
+		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP); /* cannot happen: parsed */
+	stat(c, LB_STAT_NAT_ICMP, len, FWD_DROP);
+	return nat6_out(c, frame, len, mac, port, &e->c, out_port);
+}
+
 /* DSR and tunnel mode, both families: the flow's pinned backend, or one
  * picked on the ring and pinned; then the MACs rewritten (DSR) or, with
  * `tunnel`, the outer headers put in front. Inlined into each caller; the
@@ -573,9 +818,11 @@ dsr_flow(struct fwd_packet_ctx *c, struct fwd_frame *f, const struct lb_parsed *
 }
 
 /* An untagged IPv6 frame (fwd_packet read its EtherType, and its Ethernet
- * header is whole): lb_parse_untagged's verdicts as lb.bpf.c treats them, a Neighbor Solicitation for a VIP
- * answered, TCP/UDP to an IPv6 VIP balanced in DSR or tunnel mode as IPv4
- * (NAT VIPs are IPv4 only: the protocol refuses another). */
+ * header is whole): lb_parse_untagged's verdicts as lb.bpf.c treats them, a
+ * Neighbor Solicitation for a VIP or IPv6 SNAT pool address answered, TCP/UDP
+ * to an IPv6 VIP balanced in DSR, tunnel or NAT mode as IPv4, and, while the
+ * IPv6 connection table holds any connection, a backend's reply or an ICMPv6
+ * error about a connection translated back (the NAT steps above). */
 static __attribute__((noinline)) enum fwd_verdict ipv6_packet(struct fwd_packet_ctx *c,
 							      struct fwd_frame *f,
 							      __u32 *out_port)
@@ -591,9 +838,19 @@ static __attribute__((noinline)) enum fwd_verdict ipv6_packet(struct fwd_packet_
 	case LB_PARSE_OK:
 		break;
 	case LB_PARSE_UNSUPPORTED_L4:
-		/* ICMPv6: a Neighbor Solicitation may be for a VIP address. */
-		if (pkt.proto == LB_IPPROTO_ICMPV6)
+		/* ICMPv6: an error may quote a NAT connection's packet; a
+		 * Neighbor Solicitation may be for a VIP or pool address. */
+		if (pkt.proto == LB_IPPROTO_ICMPV6) {
+			if (nat_active(c)) {
+				bool handled;
+				enum fwd_verdict v = nat6_icmp(c, f->data, len, &pkt, out_port,
+							       &handled);
+
+				if (handled)
+					return v;
+			}
 			return ndp(c, f, &pkt);
+		}
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	case LB_PARSE_FRAGMENT:
 		return stat(c, LB_STAT_PASS_FRAGMENT, len, FWD_TO_KERNEL);
@@ -606,12 +863,21 @@ static __attribute__((noinline)) enum fwd_verdict ipv6_packet(struct fwd_packet_
 	vip_key_v6(&vkey, &flow);
 	vip = fwd_vip_lookup(t, &vkey);
 	if (!vip) {
+		/* A backend's reply to an IPv6 NAT connection (step 2). */
+		if (nat_active(c)) {
+			bool handled;
+			enum fwd_verdict v = nat6_not_vip(c, f->data, len, &pkt, &flow, out_port,
+							  &handled);
+
+			if (handled)
+				return v;
+		}
 		if (!t->configured)
 			return stat(c, LB_STAT_DROP_NO_BACKEND, len, FWD_DROP); /* see fwd_tables.h */
 		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
 	}
-	if (vip->mode == LB_MODE_NAT) /* cannot happen: refused by the protocol */
-		return stat(c, LB_STAT_PASS_NOT_VIP, len, FWD_TO_KERNEL);
+	if (vip->mode == LB_MODE_NAT)
+		return nat6_vip(c, f->data, len, &pkt, &flow, vip, out_port);
 	return dsr_flow(c, f, &pkt, &flow, vip, vip->mode == LB_MODE_TUNNEL, out_port);
 }
 

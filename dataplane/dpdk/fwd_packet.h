@@ -33,6 +33,7 @@ struct fwd_packet_ctx {
 	const struct fwd_tables *tables;
 	struct fwd_flow_table *flows;
 	struct fwd_conn_table *conns; /* NAT connections (shared by the workers), or NULL */
+	struct fwd_conn6_table *conns6; /* IPv6 NAT connections, the same way, or NULL */
 	struct fwd_counters *counters;
 	const __u8 (*port_macs)[6]; /* source MAC of each port, by port index */
 	__u32 nports;

@@ -40,6 +40,7 @@ static void rebuild_vip_index(struct fwd_tables *t)
 	memset(t->ndp_addrs, 0, sizeof(t->ndp_addrs));
 	t->n_arp_addrs = 0;
 	t->n_ndp_addrs = 0;
+	t->has_nat_vip = false;
 	for (__u32 v = 0; v < LB_MAX_VIPS; v++) {
 		const struct lb_vip_key *k = &t->vip_keys[v];
 		__u32 h = fwd_vip_index_hash(k);
@@ -47,6 +48,7 @@ static void rebuild_vip_index(struct fwd_tables *t)
 
 		if (!t->vip_used[v])
 			continue;
+		t->has_nat_vip = t->has_nat_vip || t->vip_modes[v] == LB_MODE_NAT;
 		/* 64 keys in 128 slots: a free slot is always found. */
 		for (__u32 n = 0; n < FWD_VIP_INDEX_SIZE; n++) {
 			struct fwd_vip_slot *slot = &t->vip_index[(h + n) % FWD_VIP_INDEX_SIZE];
@@ -257,7 +259,7 @@ static int op_set_nat(void *ctx, const struct lb_nat_config *nat)
 
 	/* The server validated it; the fast path still bounds its loops by
 	 * LB_MAX_SNAT_ADDRS, so a bad count cannot take it past the array. */
-	if (nat->snat_naddrs > LB_MAX_SNAT_ADDRS)
+	if (nat->snat_naddrs > LB_MAX_SNAT_ADDRS || nat->snat_naddrs6 > LB_MAX_SNAT_ADDRS)
 		return -EINVAL;
 	next = clone_tables(&c->store);
 	if (!next)
@@ -267,18 +269,18 @@ static int op_set_nat(void *ctx, const struct lb_nat_config *nat)
 	return 0;
 }
 
-/* The table's figures: live entries are the table's own count, the rest the
- * workers' deltas summed. */
+/* The tables' figures, both families summed: live entries are each table's
+ * own count, the rest the workers' deltas summed. */
 static int op_read_conns(void *ctx, struct lb_conn_stats *out)
 {
 	struct fwd_context *c = ctx;
 	const struct fwd_conn_figures *figs[RTE_MAX_LCORE];
 
-	if (!c->conns || c->nworkers > RTE_MAX_LCORE)
+	if ((!c->conns && !c->conns6) || c->nworkers > RTE_MAX_LCORE)
 		return -ENODEV;
 	for (unsigned int w = 0; w < c->nworkers; w++)
 		figs[w] = &c->counters[w]->conns;
-	fwd_conn_read(c->conns, figs, c->nworkers, out);
+	fwd_conn_read(c->conns, c->conns6, figs, c->nworkers, out);
 	return 0;
 }
 

@@ -51,6 +51,11 @@ struct fwd_tables {
 	__u8 vip_nat_flags[LB_MAX_VIPS];
 	__be16 vip_nat_ports[LB_MAX_VIPS];
 	bool vip_used[LB_MAX_VIPS];
+	/* A NAT VIP of either family is configured: with a non-empty connection
+	 * table, what makes NAT mode "active" (lb_conn.h; XDP's nat_active), the
+	 * condition under which IPv6 frames for no VIP and ICMPv6 errors are
+	 * looked at by NAT at all. */
+	bool has_nat_vip;
 	/* The entry set_vip was given, by vip_id: tunnel mode's lb_encap_prepare
 	 * reads its tunnel fields. Apart from the index on purpose: a slot stays
 	 * 32 bytes (two a cache line), so the IPv4 lookup touches what it did. */
@@ -61,8 +66,9 @@ struct fwd_tables {
 	 * Solicitations for (fwd_packet.c), as arp_addrs for ARP. */
 	union lb_addr ndp_addrs[LB_MAX_VIPS];
 	__u32 n_ndp_addrs;
-	/* NAT mode's settings (set_nat): the SNAT pool (whose addresses ARP is
-	 * answered for too), the port range, the down policy, the timeouts the
+	/* NAT mode's settings (set_nat): the SNAT pools (whose addresses ARP,
+	 * for IPv4, and neighbour discovery, for IPv6, are answered for too), the
+	 * port range, the down policy, the timeouts the
 	 * workers' sweep applies. A swap like any other change: a packet sees
 	 * one configuration whole. */
 	struct lb_nat_config nat;
@@ -86,7 +92,8 @@ struct fwd_counters {
 	struct lb_counter global[LB_STAT_MAX];
 	struct lb_counter vips[LB_MAX_VIPS];
 	struct lb_counter backends[LB_MAX_BACKENDS];
-	struct fwd_conn_figures conns; /* this worker's part of the connection figures */
+	struct fwd_conn_figures conns; /* this worker's part of the connection figures (both
+					* families' tables: the protocol reports their sums) */
 } __attribute__((aligned(64)));
 
 struct fwd_context {
@@ -94,6 +101,7 @@ struct fwd_context {
 	struct fwd_counters **counters; /* one per worker */
 	unsigned int nworkers;
 	struct fwd_conn_table *conns;   /* NAT connections, shared by the workers (fwd_conn.h) */
+	struct fwd_conn6_table *conns6; /* IPv6 NAT connections, the same way */
 };
 
 extern const struct lb_dataplane_ops fwd_tables_ops; /* ctx = struct fwd_context * */
@@ -166,6 +174,16 @@ static inline bool fwd_is_snat_addr(const struct fwd_tables *t, __u32 addr)
 {
 	for (__u32 i = 0; i < t->nat.snat_naddrs && i < LB_MAX_SNAT_ADDRS; i++)
 		if (t->nat.snat_addrs[i] == addr)
+			return true;
+	return false;
+}
+
+/* An address of the IPv6 SNAT pool (16 bytes, network order): backends'
+ * replies come back to it, so its Neighbor Solicitations are ours. */
+static inline bool fwd_is_snat6_addr(const struct fwd_tables *t, const __u8 addr[16])
+{
+	for (__u32 i = 0; i < t->nat.snat_naddrs6 && i < LB_MAX_SNAT_ADDRS; i++)
+		if (!memcmp(t->nat.snat_addrs6[i].v6, addr, 16))
 			return true;
 	return false;
 }

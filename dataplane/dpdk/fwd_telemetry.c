@@ -61,8 +61,15 @@ static void stats(struct rte_tel_data *d)
 	rte_tel_data_add_dict_u64(d, "table_swaps",
 				  __atomic_load_n(&view->ctx->store.swaps, __ATOMIC_RELAXED));
 	if (view->ctx->conns) {
-		rte_tel_data_add_dict_u64(d, "conn_capacity", view->ctx->conns->capacity);
-		rte_tel_data_add_dict_u64(d, "conn_entries", fwd_conn_count(view->ctx->conns));
+		/* Both families' tables, as the protocol's stats sum them. */
+		__u64 cap = view->ctx->conns->capacity, n = fwd_conn_count(view->ctx->conns);
+
+		if (view->ctx->conns6) {
+			cap += view->ctx->conns6->capacity;
+			n += fwd_conn6_count(view->ctx->conns6);
+		}
+		rte_tel_data_add_dict_u64(d, "conn_capacity", cap);
+		rte_tel_data_add_dict_u64(d, "conn_entries", n);
 	}
 	rte_tel_data_add_dict_u64(d, "workers", view->ctx->nworkers);
 	rte_tel_data_add_dict_u64(d, "tsc_hz", rte_get_tsc_hz());

@@ -141,6 +141,7 @@ int fwd_worker_main(void *arg)
 	struct fwd_packet_ctx c = {
 		.flows = &w->flows,
 		.conns = w->conns,
+		.conns6 = w->conns6,
 		.counters = w->counters,
 		.port_macs = w->port_macs,
 		.nports = w->nports,
@@ -164,11 +165,15 @@ int fwd_worker_main(void *arg)
 			got += kernel_burst(w, p);
 		}
 		/* Before the quiescent state: the sweep reads the timeouts from
-		 * this loop's tables. Skipped while the table is empty, which
-		 * keeps DSR-only loops as they were. */
+		 * this loop's tables. Skipped while a table is empty, which
+		 * keeps DSR-only loops as they were. Each table has its own
+		 * budget: one family's connections never wait on the other's. */
 		if (expire && w->conns && !fwd_conn_at_rest(w->conns))
 			fwd_conn_expire(w->conns, &w->counters->conns, &w->conn_sweep,
 					c.tables->nat.timeouts_s, c.now_ns, EXPIRE_BUDGET);
+		if (expire && w->conns6 && !fwd_conn6_at_rest(w->conns6))
+			fwd_conn6_expire(w->conns6, &w->counters->conns, &w->conn6_sweep,
+					 c.tables->nat.timeouts_s, c.now_ns, EXPIRE_BUDGET);
 		rte_rcu_qsbr_quiescent(qsbr, w->index);
 		if (got) {
 			w->busy_cycles += rte_rdtsc() - tsc;

@@ -23,6 +23,8 @@ struct fwd_worker {
 	struct fwd_flow_table flows;
 	struct fwd_conn_table *conns;     /* shared by every worker (fwd_conn.h) */
 	struct fwd_conn_sweep conn_sweep; /* this worker's share of its idle sweep */
+	struct fwd_conn6_table *conns6;   /* the IPv6 one, shared the same way */
+	struct fwd_conn_sweep conn6_sweep;
 	struct fwd_counters *counters;
 	const struct fwd_port *ports;
 	unsigned int nports;

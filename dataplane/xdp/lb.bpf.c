@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * lb.bpf.c - the XDP data plane: TCP/UDP to a VIP in DSR or tunnel mode
- * (IPv4 and IPv6), and IPv4 NAT mode.
+ * lb.bpf.c - the XDP data plane: TCP/UDP to a VIP in DSR, tunnel or NAT
+ * mode, IPv4 and IPv6 (NAT mode's IPv6 paths: xdp_nat6.h).
  *
  * Per packet: parse Ethernet/IP/L4 with every length checked (lb_parse.h's
  * lb_parse_untagged, shared with the DPDK forwarder: untagged IPv4 on its old
@@ -24,16 +24,19 @@
  *      outside; then XDP_TX (port 0, one-arm) or XDP_REDIRECT through
  *      tx_devmap (two-arm).
  * Everything that is not for a VIP is XDP_PASS, untouched: tagged frames,
- * ICMP and ICMPv6 (NDP: the kernel answers), IPv4 and IPv6 fragments (a
- * non-first fragment carries no ports, so it cannot be balanced consistently
- * with its head), IPv6 with more extension headers than the parse walks
+ * ICMP and ICMPv6 (NDP: the kernel answers; NAT mode's errors aside), IPv4
+ * and IPv6 fragments (a non-first fragment carries no ports, so it cannot be
+ * balanced consistently with its head), IPv6 with more extension headers than the parse walks
  * (pass_ext_headers). IP options are skipped using the IHL.
  * control/hpclb/contract/model.py is the reference for all of this.
  *
  * NAT mode (a VIP with mode LB_MODE_NAT): the stateful gateway of
  * lb_conn.h, whose header comment is the specification followed here step by
  * step (the connection table conn_map, two entries per connection; the
- * embryonic FIFO conn_fifo; the settings nat_config_map). Replies come back
+ * embryonic FIFO conn_fifo; the settings nat_config_map). IPv6 connections
+ * have a table and a FIFO of their own (conn6_map, conn6_fifo), and paths of
+ * their own in xdp_nat6.h, the twins of the IPv4 ones here, in a program of
+ * their own entered by tail call (nat6_prog says why). Replies come back
  * through the gateway, on whichever port the backend is behind, so the daemon
  * attaches this program to every port; a frame's ingress port is the
  * port_map entry whose ifindex is ctx->ingress_ifindex (port 0 when none is:
@@ -42,8 +45,11 @@
  * egress port is its ingress port, else through tx_devmap.
  * The IPv4 DSR path costs what it did (perf/packet_cost.py): one more
  * comparison on the VIP's mode, on a value already loaded, and one on the
- * parse's family. Traffic for no VIP costs one connection lookup, and only
- * while nat_active says NAT mode is in use (below).
+ * parse's family. Traffic for no VIP costs one connection lookup (in its
+ * family's table), and only while nat_active says NAT mode is in use
+ * (below). The IPv6 NAT paths add nothing to the IPv4 ones: they branch off
+ * where the parse's family already has (balance_v6, and the ICMPv6 test
+ * beside ICMP's in the unsupported-protocol case), into their program.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -192,7 +198,29 @@ struct {
 	__uint(max_entries, LB_CONN_TABLE_DEFAULT);
 } conn_fifo SEC(".maps");
 
-/* The NAT settings (protocol op set_nat), written by the daemon. */
+/* The IPv6 connection table: conn_map's twin under the contract's 40-byte
+ * struct lb_flow_key (family 6, every pad byte 0), entries struct lb_conn6
+ * (lb_tables.h: each family its own table, the same capacity). Sized by the
+ * daemon with the same --conn-table-size as conn_map, for flow6_map's
+ * reason: the family mix of a site's connections is not known in advance.
+ * Preallocated like conn_map, so its memory is spent whether or not IPv6
+ * NAT is used (the daemon's figures are in ARCHITECTURE.md). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_flow_key);
+	__type(value, struct lb_conn6);
+	__uint(max_entries, LB_CONN_TABLE_DEFAULT);
+} conn6_map SEC(".maps");
+
+/* conn_fifo's twin for conn6_map: its embryonic connections' original keys. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__type(value, struct lb_flow_key);
+	__uint(max_entries, LB_CONN_TABLE_DEFAULT);
+} conn6_fifo SEC(".maps");
+
+/* The NAT settings (protocol op set_nat), written by the daemon: both
+ * families' SNAT pools (snat_addrs, snat_addrs6). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -200,11 +228,11 @@ struct {
 	__uint(max_entries, 1);
 } nat_config_map SEC(".maps");
 
-/* Non-zero while NAT mode may have connections: a NAT VIP is configured, or
- * the table still holds entries of one that was. The daemon sets it before it
- * writes a NAT VIP and clears it only when neither holds (xdp_conns.c), so a
- * frame for no VIP skips the connection lookup exactly when that lookup could
- * only miss. A global (.bss, written by the daemon through the skeleton's
+/* Non-zero while NAT mode may have connections: a NAT VIP (either family) is
+ * configured, or a connection table still holds entries of one that was. The
+ * daemon sets it before it writes a NAT VIP and clears it only when neither
+ * holds (xdp_conns.c), so a frame for no VIP skips the connection lookup
+ * exactly when that lookup could only miss. A global (.bss, written by the daemon through the skeleton's
  * mapping) costs one load, where a map would cost a lookup call. */
 volatile __u32 nat_active;
 
@@ -569,7 +597,7 @@ static __always_inline int nat_to_vip(__u32 in_port, void *data, void *data_end,
 	hash = lb_flow_hash_v4_key(cfg->hash_key, key);
 	backend_id = pick_backend_hashed(ring_size, vip_id, hash);
 	backend = bpf_map_lookup_elem(&backend_map, &backend_id);
-	/* NAT mode is IPv4 only: an IPv6 backend has no address to DNAT to. */
+	/* No NAT64: an IPv6 backend has no IPv4 address to DNAT to. */
 	if (!backend || backend->family != LB_FAMILY_V4)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 
@@ -734,6 +762,30 @@ static __always_inline int nat_icmp(const struct xdp_md *ctx, void *data, void *
 	return nat_send(in_port, data, data_end, &out, len);
 }
 
+/* NAT mode's IPv6 paths: the program lb_xdp_nat6 (xdp_nat6.h), entered by
+ * tail call through nat6_prog's slot 0, which the daemon fills after the
+ * load. A program of its own, not code inlined here: the verifier explores
+ * every path of one program within one budget of a million instructions,
+ * and the IPv6 rewrites (16-byte addresses in every checksum update) beside
+ * the IPv4 and DSR paths exceed it (E2BIG), and within one 512-byte stack
+ * (lb_xdp takes 392 of it). A tail call starts afresh on both, costs the
+ * IPv4 and DSR paths nothing (they never reach it), and the IPv6 NAT paths
+ * a second parse and VIP lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} nat6_prog SEC(".maps");
+
+/* Into lb_xdp_nat6; when the slot is empty (cannot happen once the daemon
+ * has started) the frame is the kernel's, as before NAT mode had IPv6. */
+static __always_inline int nat6_enter(struct xdp_md *ctx, __u64 len)
+{
+	bpf_tail_call(ctx, &nat6_prog, 0);
+	return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+}
+
 /* Step 3 at the top of this file: send the frame of a DSR or tunnel flow
  * to backend (id backend_id) of vip, counted under fwd_* (or a drop) and the
  * VIP's and backend's counters; len is the frame's length as it came (the
@@ -791,9 +843,8 @@ static __always_inline int forward(struct xdp_md *ctx, void *data, void *data_en
 }
 
 /* An IPv6 TCP/UDP packet (the parse said LB_PARSE_OK): balanced like IPv4 in
- * DSR and tunnel modes, its flow in flow6_map. NAT mode is IPv4 only (the
- * server refuses an IPv6 NAT VIP): a NAT entry here, which only a map
- * written by hand could hold, is treated as no VIP. */
+ * DSR and tunnel modes, its flow in flow6_map; to an IPv6 NAT VIP, or for no
+ * VIP while NAT mode is in use, NAT mode's IPv6 path (xdp_nat6.h). */
 static __always_inline int balance_v6(struct xdp_md *ctx, void *data, void *data_end,
 				      const struct lb_parsed *p, __u64 len)
 {
@@ -806,8 +857,10 @@ static __always_inline int balance_v6(struct xdp_md *ctx, void *data, void *data
 
 	keys_v6(&flow, &vkey, p);
 	vip = bpf_map_lookup_elem(&vip_map, &vkey);
-	if (!vip || vip->mode == LB_MODE_NAT)
+	if (!vip && !nat_active)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
+	if (!vip || vip->mode == LB_MODE_NAT)
+		return nat6_enter(ctx, len);
 	cfg = bpf_map_lookup_elem(&config_map, &zero);
 	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
@@ -838,10 +891,12 @@ int lb_xdp(struct xdp_md *ctx)
 	case LB_PARSE_NOT_IP:
 		return stat(LB_STAT_PASS_NOT_IPV4, len, XDP_PASS);
 	case LB_PARSE_UNSUPPORTED_L4:
-		/* ICMP (NAT mode's errors) is IPv4's; ICMPv6, NDP included, is
-		 * the kernel's. */
+		/* ICMP and ICMPv6 errors about NAT connections are NAT mode's,
+		 * while it is in use; the rest, NDP included, the kernel's. */
 		if (nat_active && pkt.proto == LB_IPPROTO_ICMP && pkt.family == LB_FAMILY_V4)
 			return nat_icmp(ctx, data, data_end, &pkt, len);
+		if (nat_active && pkt.proto == LB_IPPROTO_ICMPV6 && pkt.family == LB_FAMILY_V6)
+			return nat6_enter(ctx, len);
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	case LB_PARSE_FRAGMENT:
 		return stat(LB_STAT_PASS_FRAGMENT, len, XDP_PASS);
@@ -867,5 +922,8 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 	return forward(ctx, data, data_end, &pkt, vip, backend, backend_id, len);
 }
+
+/* NAT mode's IPv6 program (the tail call above). */
+#include "xdp_nat6.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

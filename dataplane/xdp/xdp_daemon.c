@@ -11,11 +11,14 @@
  * without cleaning up, its pinned maps are reused (when compatible) and their
  * tables adopted, so forwarding does not blink across a restart: the NAT
  * connection table, its FIFO and the NAT configuration too, so that no
- * connection breaks either. A connection table pinned with another size
- * (--conn-table-size changed) is replaced alone, the other tables adopted.
+ * connection breaks either (both families' tables, conn_map and conn6_map).
+ * Connection tables pinned with another size (--conn-table-size changed) are
+ * replaced alone, the other tables adopted. lb_xdp's tail-call slot
+ * (nat6_prog) is filled with this load's IPv6 NAT program after every load.
  * Pins of another layout (a daemon of an older table contract: VIP entries
  * of 28 bytes before tunnel mode's fields, no flow6_map before IPv6
- * forwarding) are stale as a whole: removed, and fresh maps made and pinned
+ * forwarding, nat_config_map values of 108 bytes and no conn6_map before
+ * NAT mode for IPv6) are stale as a whole: removed, and fresh maps made and pinned
  * (the control plane pushes its tables again; the flows are re-hashed).
  *
  * The program is attached to every port (--iface and each --egress): in NAT
@@ -107,7 +110,8 @@ static void usage(FILE *f)
 		"       [--log-level error|warn|info|debug]\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
 		"--flow-table-size %u (entries of each of the IPv4 and IPv6 flow tables),\n"
-		"          --conn-table-size %u (even, %u..%u), --xdp-mode auto,\n"
+		"          --conn-table-size %u (entries of each of the IPv4 and IPv6 connection tables;\n"
+		"          even, %u..%u), --xdp-mode auto,\n"
 		"          --pin-dir /sys/fs/bpf/hpclb/<iface>\n",
 		LB_RING_SIZE_DEFAULT, LB_MAX_FLOWS, LB_CONN_TABLE_DEFAULT, LB_CONN_TABLE_MIN,
 		LB_CONN_TABLE_MAX);
@@ -298,12 +302,19 @@ static int pinned_kind(const struct bpf_map *m)
 	return !bpf_map__is_internal(m);
 }
 
-/* The maps --conn-table-size sizes: the connection table and its FIFO, which
- * go together (the FIFO names the table's keys). A pinned pair of another
- * size or layout is replaced alone: the other tables are still adopted. */
+/* The maps --conn-table-size sizes: each family's connection table and its
+ * FIFO, which go together (the FIFO names the table's keys). Pinned ones of
+ * another size or layout are replaced alone (all four: one size for both
+ * families): the other tables are still adopted. A pin set without
+ * conn6_map is that of a daemon before NAT mode for IPv6, whose
+ * nat_config_map (108-byte values, no IPv6 pool) differs too: stale as a
+ * whole (check_pins), never adopted. */
 static int conn_kind(const struct bpf_map *m)
 {
-	return !strcmp(bpf_map__name(m), "conn_map") || !strcmp(bpf_map__name(m), "conn_fifo");
+	const char *n = bpf_map__name(m);
+
+	return !strcmp(n, "conn_map") || !strcmp(n, "conn_fifo") || !strcmp(n, "conn6_map") ||
+	       !strcmp(n, "conn6_fifo");
 }
 
 /* dir is at most PATH_MAX - 64 (parse_args) and map names are short. */
@@ -481,6 +492,10 @@ static struct lb_bpf *open_skel(const struct opts *o)
 		err = bpf_map__set_max_entries(skel->maps.conn_map, o->conn_table_size);
 	if (!err) /* lb_conn.h: "a FIFO of the table's size" */
 		err = bpf_map__set_max_entries(skel->maps.conn_fifo, o->conn_table_size);
+	if (!err) /* IPv6: its own table and FIFO, the same size (lb_tables.h) */
+		err = bpf_map__set_max_entries(skel->maps.conn6_map, o->conn_table_size);
+	if (!err)
+		err = bpf_map__set_max_entries(skel->maps.conn6_fifo, o->conn_table_size);
 	if (err) {
 		lb_log(LB_LOG_ERR, "configuring the BPF object: %s", strerror(-err));
 		lb_bpf__destroy(skel);
@@ -580,7 +595,7 @@ static const char *attach_mode_name(const struct attachment *a)
 /* ---- main -------------------------------------------------------------- */
 
 static const char *const capabilities[] = { "dsr", "patch_ring", "xdp_tx", "redirect", "nat",
-					    "tunnel", NULL };
+					    "tunnel", "nat6", NULL };
 
 /* Server around the tables of pinned maps that outlived a previous daemon. */
 static struct lb_proto_server *adopt_tables(struct xdp_tables *t, const struct lb_proto_info *info,
@@ -631,8 +646,23 @@ static struct lb_proto_server *fresh_tables(struct xdp_tables *t, const struct l
 		lb_log(LB_LOG_ERR, "creating the protocol server: out of memory");
 	else
 		lb_log(LB_LOG_INFO, "maps initialised (ring_size %u, flow tables %u each, connection "
-		       "table %u)", o->common.ring_size, o->flow_table_size, o->conn_table_size);
+		       "tables %u each)", o->common.ring_size, o->flow_table_size, o->conn_table_size);
 	return srv;
+}
+
+/* Fills lb_xdp's tail-call slot with the IPv6 NAT program (lb.bpf.c's
+ * nat6_prog): after every load, an adopted slot included, which then names
+ * this load's program (the one a previous daemon left keeps working until
+ * this write: both use the same maps). */
+static int link_nat6(struct lb_bpf *skel)
+{
+	__u32 zero = 0;
+	int fd = bpf_program__fd(skel->progs.lb_xdp_nat6);
+	int err = bpf_map_update_elem(bpf_map__fd(skel->maps.nat6_prog), &zero, &fd, BPF_ANY);
+
+	if (err)
+		lb_log(LB_LOG_ERR, "filling nat6_prog: %s", strerror(-err));
+	return err;
 }
 
 /* One start: reuse the pins (reuse != 0) or make and pin fresh maps. */
@@ -657,6 +687,8 @@ static int load_once(const struct opts *o, const struct lb_proto_info *info, int
 		lb_log(LB_LOG_ERR, "loading the BPF program: %s", strerror(-err));
 		goto fail;
 	}
+	if (link_nat6(skel))
+		goto fail;
 	if (pin_maps(skel, o->pin_dir, reuse))
 		goto fail;
 	err = xdp_tables_open(t, skel, o->common.ring_size);
@@ -736,6 +768,7 @@ int main(int argc, char **argv)
 	info.attach_mode = "none";
 	info.capabilities = capabilities;
 	info.tunnel = true; /* lb.bpf.c encapsulates (xdp_encap.h) */
+	info.nat6 = true;   /* lb_xdp_nat6 (xdp_nat6.h): conn6_map, the IPv6 pool */
 	info.conn_table_size = o.conn_table_size;
 	info.nports = 1 + (__u32)o.negress;
 	if (lb_get_port(o.iface, &info.ports[0]))
@@ -757,8 +790,8 @@ int main(int argc, char **argv)
 		goto out;
 	/* The sweeper, with the timeouts of the NAT configuration in force
 	 * (adopted, or the defaults fresh tables start with). */
-	err = xdp_conns_init(&conns, tables.conn_fd, tables.vip4_fd, &skel->bss->nat_active,
-			     lb_proto_server_state(srv)->nat.timeouts_s);
+	err = xdp_conns_init(&conns, tables.conn_fd, tables.conn6_fd, tables.vip_fd,
+			     &skel->bss->nat_active, lb_proto_server_state(srv)->nat.timeouts_s);
 	if (err) {
 		lb_log(LB_LOG_ERR, "opening the NAT connection table: %s", strerror(-err));
 		goto out;

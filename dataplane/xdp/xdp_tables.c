@@ -274,9 +274,10 @@ static int op_read_stats(void *ctx, struct lb_counter *global, struct lb_counter
 	return err;
 }
 
-/* The whole NAT configuration: the program reads the pool, the port range
- * and the down policy from nat_config_map when it opens a connection; the
- * sweeper takes the timeouts. */
+/* The whole NAT configuration, both families' pools (struct lb_nat_config:
+ * snat_addrs for IPv4 connections, snat_addrs6 for IPv6 ones): the program
+ * reads the pool, the port range and the down policy from nat_config_map
+ * when it opens a connection; the sweeper takes the timeouts. */
 static int op_set_nat(void *ctx, const struct lb_nat_config *nat)
 {
 	struct xdp_tables *t = ctx;
@@ -328,6 +329,7 @@ int xdp_tables_open(struct xdp_tables *t, struct lb_bpf *skel, __u32 ring_size)
 	t->vip_stats_fd = bpf_map__fd(skel->maps.vip_stats_map);
 	t->backend_stats_fd = bpf_map__fd(skel->maps.backend_stats_map);
 	t->conn_fd = bpf_map__fd(skel->maps.conn_map);
+	t->conn6_fd = bpf_map__fd(skel->maps.conn6_map);
 	t->nat_fd = bpf_map__fd(skel->maps.nat_config_map);
 	t->devmap_value_size = bpf_map__value_size(skel->maps.tx_devmap);
 	if (bpf_map__max_entries(skel->maps.ring_map) < (__u64)LB_MAX_VIPS * ring_size ||
@@ -390,7 +392,7 @@ int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg)
 	int err;
 
 	/* The NAT configuration the server starts with (lb_proto.h: it never
-	 * calls set_nat at start). Fresh conn_map and conn_fifo are empty. */
+	 * calls set_nat at start). Fresh connection tables and FIFOs are empty. */
 	lb_proto_nat_defaults(&nat);
 	err = bpf_map_update_elem(t->nat_fd, &zero, &nat, BPF_ANY);
 	if (err)

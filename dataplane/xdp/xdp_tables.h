@@ -19,7 +19,7 @@ struct xdp_conns;
 struct xdp_tables {
 	int vip_fd, vip4_fd, backend_fd, ring_fd, config_fd, port_fd, devmap_fd;
 	int stats_fd, vip_stats_fd, backend_stats_fd;
-	int conn_fd, nat_fd;     /* NAT mode: conn_map, nat_config_map */
+	int conn_fd, conn6_fd, nat_fd; /* NAT mode: conn_map, conn6_map, nat_config_map */
 	struct xdp_conns *conns; /* the sweeper (set by the daemon); NULL: none yet */
 	__u32 ring_size;
 	__u32 devmap_value_size; /* 4 (ifindex) or 8 (struct bpf_devmap_val) */

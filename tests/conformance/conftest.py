@@ -10,6 +10,7 @@ from hpclb.dataplane.dpdk import find_dpdk_forwarder
 from hpclb.dataplane.supervisor import find_xdp_daemon
 
 from .harness import Harness
+from .natcase import NatCase, require_nat6
 from .targets import DpdkTarget, Target, XdpTarget
 
 MODEL_PORT_MACS = ["02:00:00:00:00:01", "02:00:00:00:00:02"]
@@ -155,3 +156,28 @@ def family(request: pytest.FixtureRequest) -> int:
     """The IP version of a family-neutral case: 4 runs it as written, 6 its
     IPv6 twin (every address through harness.v6)."""
     return int(request.param)
+
+
+@pytest.fixture
+def nat(nat_harness: Harness, family: int) -> NatCase:
+    """A family-neutral NAT case: the session's data plane, in ``family``
+    (6: the plane must have "nat6")."""
+    if family == 6:
+        require_nat6(nat_harness.target)
+    return NatCase(nat_harness, family)
+
+
+@pytest.fixture
+def small_nat(small_nat_harness: Harness, family: int) -> NatCase:
+    """A family-neutral NAT case on a data plane of its own whose tables
+    hold SMALL_CONN_TABLE_SIZE entries each."""
+    if family == 6:
+        require_nat6(small_nat_harness.target)
+    return NatCase(small_nat_harness, family)
+
+
+@pytest.fixture
+def nat6(nat_harness: Harness) -> NatCase:
+    """An IPv6-only NAT case on the session's data plane."""
+    require_nat6(nat_harness.target)
+    return NatCase(nat_harness, 6)

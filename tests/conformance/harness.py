@@ -123,6 +123,8 @@ def dual_tables(weights: dict[int, float] | None = None) -> TableSet:
 # 13 one-arm (port 0). The DSR VIPs of base_tables stay, next to these.
 NAT_BACKEND_MACS = {10: "02:bb:00:00:00:20", 11: "02:bb:00:00:00:21", 12: "02:bb:00:00:00:22",
                     13: "02:bb:00:00:00:23"}
+#: Backends 14..16, behind port 1: the IPv6 NAT VIPs' of nat_dual_tables.
+NAT6_BACKEND_MACS = {14: "02:bb:00:00:00:24", 15: "02:bb:00:00:00:25", 16: "02:bb:00:00:00:26"}
 VIP_NAT_TCP = Vip(5, ipaddress.IPv4Address("198.18.2.10"), 80, IPPROTO_TCP, VipMode.NAT,
                   nat_port=8080)
 VIP_NAT_UDP = Vip(6, ipaddress.IPv4Address("198.18.2.10"), 53, IPPROTO_UDP, VipMode.NAT)
@@ -136,22 +138,39 @@ VIP_NAT_TWIN = Vip(10, ipaddress.IPv4Address("198.18.2.13"), 443, IPPROTO_TCP, V
                    nat_port=8080)
 
 
+def nat_vip(vip: Vip, family: int = 4) -> Vip:
+    """A NAT VIP of the suite in ``family``: the same id, port and settings,
+    the address its v6 twin for 6 (198.18.2.10 -> fd00:18:2::10)."""
+    if family == 4:
+        return vip
+    return dataclasses.replace(vip, addr=ipaddress.IPv6Address(v6(str(vip.addr))))
+
+
+def nat_backend_addr(bid: int, family: int = 4) -> str:
+    """NAT backend ``bid``'s address: 198.18.0.(10 + bid) or its v6 twin."""
+    return addr_of(family, f"198.18.0.{10 + bid}")
+
+
 def nat_tables(pool: tuple[str, ...] = ("198.18.3.1",), port_range: tuple[int, int] = (1024, 65535),
                down: NatDown = NatDown.RESCHEDULE,
                states: dict[int, BackendState] | None = None,
                weights: dict[int, float] | None = None,
                snat_weights: dict[int, float] | None = None,
-               without: tuple[int, ...] = ()) -> TableSet:
+               without: tuple[int, ...] = (), family: int = 4,
+               pool6: tuple[str, ...] = ()) -> TableSet:
     """base_tables plus the NAT VIPs: VIP_NAT_TCP/UDP, VIP_NAT_TWIN and
     VIP_SNAT_TCP/UDP on backends 10..12 (``weights``, ``snat_weights``),
     VIP_NAT_ONE_ARM on 13;
     the SNAT pool ``pool`` with ``port_range``; VIP ids in ``without`` left out.
     Every case that opens SNAT connections on a shared data plane takes a
-    pool address of its own (the reply keys it allocates are then free)."""
+    pool address of its own (the reply keys it allocates are then free).
+    ``family`` 6: the NAT VIPs, their backends and ``pool`` are the v6
+    twins (same ids and rings; the DSR VIPs stay IPv4). ``pool6``: IPv6
+    pool addresses besides (as written), for tables of both families."""
     states = states or {}
     t = base_tables()
     for bid, mac in NAT_BACKEND_MACS.items():
-        t.backends[bid] = Backend(bid, ipaddress.IPv4Address(f"198.18.0.{10 + bid}"), mac,
+        t.backends[bid] = Backend(bid, ipaddress.ip_address(nat_backend_addr(bid, family)), mac,
                                   states.get(bid, BackendState.UP), port=0 if bid == 13 else 1)
     nat_ring = ring(weights or {10: 1.0, 11: 1.0, 12: 1.0})
     snat_ring = ring(snat_weights) if snat_weights else nat_ring
@@ -159,11 +178,37 @@ def nat_tables(pool: tuple[str, ...] = ("198.18.3.1",), port_range: tuple[int, i
                    (VIP_SNAT_UDP, snat_ring), (VIP_NAT_ONE_ARM, ring({13: 1.0})),
                    (VIP_NAT_TWIN, nat_ring)):
         if vip.vip_id not in without:
-            t.vips[vip.vip_id] = vip
+            t.vips[vip.vip_id] = nat_vip(vip, family)
             t.rings[vip.vip_id] = r
-    t.nat = NatConfig(snat_addrs=tuple(ipaddress.IPv4Address(a) for a in pool),
+    addrs = [ipaddress.ip_address(addr_of(family, a)) for a in pool]
+    addrs += [ipaddress.IPv6Address(a) for a in pool6]
+    # The control plane's normal form (spec 8.): IPv4 first, then IPv6.
+    addrs.sort(key=lambda a: a.version)
+    t.nat = NatConfig(snat_addrs=tuple(addrs),  # type: ignore[arg-type]
                       snat_port_min=port_range[0], snat_port_max=port_range[1],
                       on_backend_down=down, timeouts_s=CONFORMANCE_TIMEOUTS_S)
+    return t
+
+
+#: nat_dual_tables' IPv6 NAT VIPs take the ids of their IPv4 twins plus this.
+NAT6_VIP_ID_OFFSET = 20
+
+
+def nat_dual_tables(pool: tuple[str, ...], pool6: tuple[str, ...],
+                    weights6: dict[int, float] | None = None) -> TableSet:
+    """NAT VIPs of both families side by side: nat_tables (IPv4, ``pool``),
+    plus the IPv6 twins of VIP_NAT_TCP/UDP and VIP_SNAT_TCP/UDP with their
+    ids + NAT6_VIP_ID_OFFSET on the IPv6 backends 14..16 (``weights6``), and
+    the IPv6 pool ``pool6`` (as written)."""
+    t = nat_tables(pool, pool6=pool6)
+    for bid, mac in NAT6_BACKEND_MACS.items():
+        t.backends[bid] = Backend(bid, ipaddress.IPv6Address(nat_backend_addr(bid, 6)), mac,
+                                  port=1)
+    six = ring(weights6 or dict.fromkeys(NAT6_BACKEND_MACS, 1.0))
+    for vip in (VIP_NAT_TCP, VIP_NAT_UDP, VIP_SNAT_TCP, VIP_SNAT_UDP):
+        twin = dataclasses.replace(nat_vip(vip, 6), vip_id=vip.vip_id + NAT6_VIP_ID_OFFSET)
+        t.vips[twin.vip_id] = twin
+        t.rings[twin.vip_id] = six
     return t
 
 

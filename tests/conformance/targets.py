@@ -21,7 +21,8 @@ target writes it into that port's wire end (in1 or out1).
 NAT mode (``nat``: the hello's "nat" capability) needs a connection table
 (``conn_table_size``, entries) and the NAT settings (``set_nat``), pushed
 with the tables. Tunnel VIPs need the hello's "tunnel" capability
-(``tunnel``).
+(``tunnel``); NAT VIPs of IPv6 and an IPv6 SNAT pool need "nat6"
+(``nat6``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Target(Protocol):
     conn_table_size: int
     #: The hello's "tunnel" capability: tunnel VIPs (mode 2).
     tunnel: bool
+    #: The hello's "nat6" capability: NAT VIPs of IPv6, an IPv6 SNAT pool.
+    nat6: bool
     #: The data plane's table-protocol client (for cases about a refusal).
     client: DataplaneClient
 
@@ -98,6 +101,10 @@ def _hello_nat(hello: dict[str, Any]) -> tuple[bool, int]:
 
 def _hello_tunnel(hello: dict[str, Any]) -> bool:
     return "tunnel" in hello.get("capabilities", ())
+
+
+def _hello_nat6(hello: dict[str, Any]) -> bool:
+    return "nat6" in hello.get("capabilities", ())
 
 
 def _conns(client: DataplaneClient) -> dict[str, Any]:
@@ -150,6 +157,7 @@ class XdpTarget:
             self.ifindexes = [int(p["ifindex"]) for p in hello["ports"]]
             self.nat, self.conn_table_size = _hello_nat(hello)
             self.tunnel = _hello_tunnel(hello)
+            self.nat6 = _hello_nat6(hello)
             self.prog = PinnedXdpProgram(f"{self.pin_dir}/lb_xdp")
             self._affinity = os.sched_getaffinity(0)
         except BaseException:
@@ -278,6 +286,7 @@ class DpdkTarget:
             self.port_macs = [mac_str(bytes(p["mac"])) for p in hello["ports"]]
             self.nat, self.conn_table_size = _hello_nat(hello)
             self.tunnel = _hello_tunnel(hello)
+            self.nat6 = _hello_nat6(hello)
             with netns.inside(self.netns):
                 for ifname in (*self.WIRE, *self.EXCEPTION):
                     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))

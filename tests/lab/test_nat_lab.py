@@ -24,9 +24,11 @@ from hpclb.lab.gateway import (
     CLUSTER_BRIDGE,
     CLUSTER_ETH,
     LB_CLUSTER_IP,
+    LB_CLUSTER_IP6,
     LB_CLUSTER_PEER,
     GatewayLab,
     cluster_backend_ip,
+    cluster_backend_ip6,
 )
 from hpclb.lab.kernel_nat import (
     NFT_TABLE,
@@ -40,7 +42,7 @@ from hpclb.lab.kernel_nat import (
     rule_counters,
     ruleset,
 )
-from hpclb.lab.topology import CLIENT_IP, LB_IP, Lab, default_pass_obj
+from hpclb.lab.topology import CLIENT_IP, CLIENT_IP6, LB_IP, Lab, LabError, default_pass_obj
 
 pytestmark = pytest.mark.root
 
@@ -51,6 +53,9 @@ VIP = "198.18.1.10"
 PORT = 8080
 BACKENDS = 3
 SNAT_IP = "198.19.0.2"
+VIP6 = "fd48:4c01::10"
+VIP6_SNAT = "fd48:4c01::11"
+SNAT_IP6 = "fd48:4c03::2"
 
 
 def unique_prefix() -> str:
@@ -449,6 +454,44 @@ def test_nat_appliance_configuration(tmp_path: Path) -> None:
         LabAppliance(gw, tmp_path, {"b1": 1.0}, mode="dsr")
     with pytest.raises(ValueError, match="GatewayLab"):
         LabAppliance(Lab(prefix=unique_prefix()), tmp_path, {"b1": 1.0}, mode="nat")
+
+
+def test_dual_stack_gateway_naming_and_nat6_configuration(tmp_path: Path) -> None:
+    """A dual-stack gateway lab (never brought up): the cluster network's IPv6 twin
+    (fd48:4c03::/64), SNAT pool addresses of both families (IPv6 ones only in dual
+    stack); what LabAppliance writes for an IPv6 NAT VIP: the lab6 pool of the
+    backends' cluster-side IPv6 addresses behind eth1, SNAT on the one VIP told so."""
+    with pytest.raises(ValueError, match="snat_ips"):
+        GatewayLab(prefix=unique_prefix(), snat_ips=(SNAT_IP6,))  # IPv4 only
+    with pytest.raises(ValueError, match="snat_ips"):
+        GatewayLab(prefix=unique_prefix(), ipv6=True, snat_ips=("fd48:4c03::11",))
+    gw = GatewayLab(prefix=unique_prefix(), ipv6=True, vips=(VIP, VIP6, VIP6_SNAT),
+                    snat_ips=(SNAT_IP, SNAT_IP6))
+    assert gw.ip6_of("b2") == cluster_backend_ip6(2) == "fd48:4c03::12"
+    assert gw.ip6_of("cli") == CLIENT_IP6 and gw.gateway_ip6 == LB_CLUSTER_IP6
+    assert gw.snat_ips4 == (SNAT_IP,) and gw.snat_ips6 == (SNAT_IP6,)
+    eth1 = next(p for p in gw.ports() if p.role == "lb" and p.ifname == CLUSTER_ETH)
+    assert eth1.address6 == LB_CLUSTER_IP6 and eth1.prefixlen6 == 64
+    assert all(p.address6 for p in gw.ports())
+    with pytest.raises(LabError):
+        _ = GatewayLab(prefix=unique_prefix()).gateway_ip6
+
+    nat = {"snat": {"addresses": [SNAT_IP, SNAT_IP6]}}
+    appliance = LabAppliance(gw, tmp_path, {"b1": 1.0, "b2": 1.0}, mode="nat",
+                             vips=(VIP, VIP6, VIP6_SNAT), nat=nat,
+                             vip_overrides={VIP6_SNAT: {"snat": True}})
+    cfg = appliance.config()
+    assert [b["address"] for b in cfg["pools"]["lab6"]["backends"]] == [
+        cluster_backend_ip6(1), cluster_backend_ip6(2)]
+    assert all(b["via"] == CLUSTER_ETH for b in cfg["pools"]["lab6"]["backends"])
+    snat = {(v["address"], v["protocol"]): v.get("snat", False) for v in cfg["vips"]}
+    assert snat == {(a, p): a == VIP6_SNAT for a in (VIP, VIP6, VIP6_SNAT)
+                    for p in ("tcp", "udp")}
+    assert {v["pool"] for v in cfg["vips"] if ":" in v["address"]} == {"lab6"}
+    assert cfg["nat"] == nat
+    with pytest.raises(ValueError, match="vip_overrides"):
+        LabAppliance(gw, tmp_path, {"b1": 1.0}, mode="nat", vips=(VIP,),
+                     vip_overrides={VIP6_SNAT: {"snat": True}})
 
 
 # ---------------------------------------------------------------------- bench

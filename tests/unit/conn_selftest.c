@@ -6,8 +6,10 @@
  * LB_CONN_EVICT_TRIES keys looked at), never an established one, the idle
  * sweep removes by state timeout, SNAT ports are probed in order, the figures
  * add up, and with several workers removed entries are reused only after a
- * quiescent state. Run by tests/unit/test_dpdk_conn_table.py under a small
- * EAL (--no-huge).
+ * quiescent state. The IPv6 table (fwd_conn6_*, the same code instantiated
+ * for 40-byte keys) keeps the same rules: its tests are at the end, beside
+ * the figures summed over both tables. Run by
+ * tests/unit/test_dpdk_conn_table.py under a small EAL (--no-huge).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,11 @@
 #define S 1000000000ull     /* one second in ns */
 
 static struct fwd_conn_figures fig;
+
+/* The IPv6 table's helpers (with its tests, at the end). */
+static enum fwd_conn_open_status open6(struct fwd_conn6_table *ct, __u32 i, __u8 state,
+				       __u64 now, bool *evicted);
+static struct fwd_conn6_slot *find6(struct fwd_conn6_table *ct, __u32 i);
 
 static struct lb_flow_key_v4 okey(__u32 i)
 {
@@ -94,7 +101,7 @@ static struct lb_conn_stats stats(const struct fwd_conn_table *ct)
 	const struct fwd_conn_figures *figs[1] = { &fig };
 	struct lb_conn_stats s;
 
-	fwd_conn_read(ct, figs, 1, &s);
+	fwd_conn_read(ct, NULL, figs, 1, &s);
 	return s;
 }
 
@@ -362,6 +369,24 @@ static void test_shared_reuse(void)
 	CHECK(stats(&ct).by_state[LB_CONN_SYN_SENT] == 1 &&
 	      stats(&ct).by_state[LB_CONN_SYN_RECV] == 1, "figures after evictions");
 	fwd_conn_free(&ct);
+	{
+		/* The IPv6 table, shared the same way. */
+		struct fwd_conn6_table ct6;
+
+		rc = fwd_conn6_init(&ct6, "conn6_shared", 4, 2, v, SOCKET_ID_ANY);
+		CHECK(rc == 0 && ct6.shared, "IPv6 shared init: %d", rc);
+		CHECK(open6(&ct6, 1, LB_CONN_SYN_SENT, 0, NULL) == FWD_CONN_OPENED &&
+		      open6(&ct6, 2, LB_CONN_SYN_SENT, 0, NULL) == FWD_CONN_OPENED &&
+		      open6(&ct6, 3, LB_CONN_SYN_SENT, 0, &ev) == FWD_CONN_OPENED && ev,
+		      "IPv6 shared: 3 evicts 1");
+		CHECK(ct6.retired_len == 2 && !find6(&ct6, 1) && find6(&ct6, 3),
+		      "IPv6 shared: 1's entries wait (%u)", ct6.retired_len);
+		rte_rcu_qsbr_quiescent(v, 0);
+		CHECK(open6(&ct6, 4, LB_CONN_SYN_SENT, 0, &ev) == FWD_CONN_OPENED && ev &&
+		      ct6.retired_len == 2, "IPv6 shared: reused after a quiescent state (%u)",
+		      ct6.retired_len);
+		fwd_conn6_free(&ct6);
+	}
 	rte_rcu_qsbr_thread_offline(v, 0);
 	rte_rcu_qsbr_thread_unregister(v, 0);
 	rte_free(v);
@@ -406,6 +431,187 @@ static void test_states(void)
 	fwd_conn_free(&ct);
 }
 
+/* ---- the IPv6 table ---------------------------------------------------- */
+
+static const __u8 vip6[16] = { 0xfd, 0, [15] = 0x10 };
+static const __u8 backend6[16] = { 0xfd, 0, 0, 2, [15] = 0x01 };
+static const __u8 snat6[16] = { 0xfd, 0, 0, 9, [15] = 0x01 };
+
+static union lb_addr addr6(const __u8 *a)
+{
+	union lb_addr u;
+
+	memcpy(u.v6, a, 16);
+	return u;
+}
+
+static struct lb_flow_key okey6(__u32 i)
+{
+	struct lb_flow_key k;
+
+	memset(&k, 0, sizeof(k));
+	k.saddr.v6[0] = 0xfd;
+	k.saddr.v6[3] = 7;
+	k.saddr.v6[12] = (__u8)(i >> 24);
+	k.saddr.v6[13] = (__u8)(i >> 16);
+	k.saddr.v6[14] = (__u8)(i >> 8);
+	k.saddr.v6[15] = (__u8)i;
+	k.daddr = addr6(vip6);
+	k.sport = rte_cpu_to_be_16((__u16)(10000 + i));
+	k.dport = rte_cpu_to_be_16(80);
+	k.proto = LB_IPPROTO_TCP;
+	k.family = LB_FAMILY_V6;
+	return k;
+}
+
+static struct fwd_conn6_req req6(const struct fwd_conn6_table *ct, __u32 i, __u8 state,
+				 __u64 now)
+{
+	struct fwd_conn6_req r;
+
+	memset(&r, 0, sizeof(r));
+	r.orig = okey6(i);
+	r.orig_sig = fwd_conn6_sig(ct, &r.orig);
+	r.backend_addr = addr6(backend6);
+	r.backend_port = rte_cpu_to_be_16(8080);
+	r.hash = 1000 + i;
+	r.tmpl.backend_id = 9;
+	r.tmpl.vip_id = 4;
+	r.tmpl.state = state;
+	r.tmpl.client_port = 1;
+	r.now_ns = now;
+	return r;
+}
+
+static enum fwd_conn_open_status open6(struct fwd_conn6_table *ct, __u32 i, __u8 state,
+				       __u64 now, bool *evicted)
+{
+	struct fwd_conn6_req r = req6(ct, i, state, now);
+	struct fwd_conn6_slot *o;
+	bool ev;
+
+	return fwd_conn6_open(ct, &fig, &r, &o, evicted ? evicted : &ev);
+}
+
+static struct fwd_conn6_slot *find6(struct fwd_conn6_table *ct, __u32 i)
+{
+	struct lb_flow_key k = okey6(i);
+
+	return fwd_conn6_lookup(ct, &k, fwd_conn6_sig(ct, &k));
+}
+
+/* Both entries keyed by 40 bytes, the capacity exact, the FIFO's eviction,
+ * SNAT from an IPv6 pair, the sweep, and the figures of both tables summed. */
+static void test_ipv6_table(void)
+{
+	struct fwd_conn6_table ct6;
+	struct fwd_conn_table ct4;
+	struct fwd_conn6_slot *o, *r;
+	struct fwd_conn6_req q;
+	struct fwd_conn_sweep sw;
+	struct lb_flow_key rk;
+	const struct fwd_conn_figures *figs[1] = { &fig };
+	__u32 timeouts[LB_CONN_STATES] = LB_CONN_TIMEOUTS_DEFAULT;
+	union lb_addr be = addr6(backend6), cl;
+	struct lb_conn_stats s;
+	bool ev;
+	int rc;
+
+	memset(&fig, 0, sizeof(fig));
+	CHECK(sizeof(struct fwd_conn6_slot) == 128, "IPv6 slot: %zu bytes",
+	      sizeof(struct fwd_conn6_slot));
+	CHECK(fwd_conn6_init(&ct6, "conn6_odd", 7, 1, NULL, SOCKET_ID_ANY) == -EINVAL,
+	      "an odd size is refused");
+	rc = fwd_conn6_init(&ct6, "conn6_fifo", 8, 1, NULL, SOCKET_ID_ANY);
+	CHECK(rc == 0, "init: %d", rc);
+	for (__u32 i = 1; i <= 4; i++)
+		CHECK(open6(&ct6, i, LB_CONN_SYN_SENT, 0, &ev) == FWD_CONN_OPENED && !ev,
+		      "IPv6 SYN %u", i);
+	/* The reply entry: (backend, client, 8080, cport), family 6, pad 0. */
+	o = find6(&ct6, 2);
+	CHECK(o && o->c.dir == LB_CONN_ORIG && o->c.backend_id == 9, "IPv6 original entry");
+	if (o) {
+		cl = okey6(2).saddr;
+		memset(&rk, 0xee, sizeof(rk)); /* every byte written by the builder */
+		lb_conn6_reply_key(&rk, &be, rte_cpu_to_be_16(8080), &cl, okey6(2).sport,
+				   LB_IPPROTO_TCP);
+		CHECK(!memcmp(&o->c.peer, &rk, sizeof(rk)) && rk.family == LB_FAMILY_V6 &&
+		      rk.pad[0] == 0 && rk.pad[1] == 0, "the IPv6 original's peer");
+		r = fwd_conn6_lookup(&ct6, &rk, fwd_conn6_sig(&ct6, &rk));
+		CHECK(r && r->c.dir == LB_CONN_REPLY && fwd_conn6_orig(&ct6, r) == o &&
+		      !memcmp(&r->c.peer, &o->key, sizeof(rk)), "the IPv6 reply entry");
+	}
+	/* Full: the oldest embryonic one goes; established ones never. */
+	CHECK(open6(&ct6, 5, LB_CONN_SYN_SENT, 0, &ev) == FWD_CONN_OPENED && ev, "IPv6 evicts");
+	CHECK(!find6(&ct6, 1) && find6(&ct6, 2) && fwd_conn6_count(&ct6) == 8, "1 evicted");
+	for (__u32 i = 2; i <= 5; i++) {
+		o = find6(&ct6, i);
+		if (!o)
+			continue;
+		fwd_conn6_update(&ct6, &fig, o, LB_CONN_REPLY, LB_IPPROTO_TCP,
+				 LB_TCP_SYN | LB_TCP_ACK, 1);
+		fwd_conn6_update(&ct6, &fig, o, LB_CONN_ORIG, LB_IPPROTO_TCP, LB_TCP_ACK, 1);
+	}
+	CHECK(open6(&ct6, 6, LB_CONN_SYN_SENT, 0, &ev) == FWD_CONN_FULL,
+	      "nothing embryonic in the IPv6 table: refused");
+
+	/* The figures: both tables' sums (an IPv4 connection beside). */
+	rc = fwd_conn_init(&ct4, "conn4_beside", 8, 1, NULL, SOCKET_ID_ANY);
+	CHECK(rc == 0, "init IPv4: %d", rc);
+	CHECK(open_conn(&ct4, 1, LB_CONN_SYN_SENT, 0, NULL) == FWD_CONN_OPENED, "IPv4 conn");
+	fwd_conn_read(&ct4, &ct6, figs, 1, &s);
+	CHECK(s.capacity == 16 && s.entries == 10 && s.by_state[LB_CONN_ESTABLISHED] == 4 &&
+	      s.by_state[LB_CONN_SYN_SENT] == 1,
+	      "summed figures: capacity %llu entries %llu established %llu syn_sent %llu",
+	      (unsigned long long)s.capacity, (unsigned long long)s.entries,
+	      (unsigned long long)s.by_state[LB_CONN_ESTABLISHED],
+	      (unsigned long long)s.by_state[LB_CONN_SYN_SENT]);
+	fwd_conn_read(NULL, &ct6, figs, 1, &s);
+	CHECK(s.capacity == 8 && s.entries == 8, "IPv6 alone: %llu %llu",
+	      (unsigned long long)s.capacity, (unsigned long long)s.entries);
+
+	/* The sweep: the IPv6 table's own, by the same timeouts. */
+	fwd_conn6_sweep_init(&ct6, &sw, 0, 1);
+	timeouts[LB_CONN_ESTABLISHED] = 10;
+	CHECK(fwd_conn6_expire(&ct6, &fig, &sw, timeouts, 5 * S, ct6.nslots) == 0, "not yet");
+	CHECK(fwd_conn6_expire(&ct6, &fig, &sw, timeouts, 20 * S, ct6.nslots) == 4 &&
+	      fwd_conn6_at_rest(&ct6), "all four expired");
+	CHECK(fwd_conn_count(&ct4) == 2, "the IPv4 table is another's sweep");
+	fwd_conn_read(&ct4, &ct6, figs, 1, &s);
+	CHECK(s.expired == 4 && s.entries == 2 && s.by_state[LB_CONN_ESTABLISHED] == 0,
+	      "figures after the sweep");
+	fwd_conn_free(&ct4);
+	fwd_conn6_free(&ct6);
+
+	/* SNAT: the IPv6 pool pair, probed in order; the unspecified address
+	 * (no IPv6 pool) gets no reply key. */
+	memset(&fig, 0, sizeof(fig));
+	rc = fwd_conn6_init(&ct6, "conn6_snat", 64, 1, NULL, SOCKET_ID_ANY);
+	CHECK(rc == 0, "init: %d", rc);
+	for (__u32 i = 0; i < 3; i++) {
+		q = req6(&ct6, i, LB_CONN_SYN_SENT, 0);
+		q.snat = true;
+		q.snat_addr = addr6(snat6);
+		q.port_min = 40000;
+		q.port_max = 40009;
+		q.hash = 5;
+		CHECK(fwd_conn6_open(&ct6, &fig, &q, &o, &ev) == FWD_CONN_OPENED && o &&
+		      o->c.peer.dport == rte_cpu_to_be_16((__u16)(40005 + i)) &&
+		      !memcmp(o->c.peer.daddr.v6, snat6, 16) && (o->c.flags & LB_CONN_F_SNAT),
+		      "IPv6 SNAT conn %u", i);
+	}
+	q = req6(&ct6, 10, LB_CONN_SYN_SENT, 0);
+	q.snat = true;
+	q.port_min = 40000;
+	q.port_max = 40009;
+	CHECK(fwd_conn6_open(&ct6, &fig, &q, &o, &ev) == FWD_CONN_NO_REPLY_KEY,
+	      "no IPv6 pool address: no reply key");
+	fwd_conn_read(NULL, &ct6, figs, 1, &s);
+	CHECK(s.snat_ports_in_use == 3, "IPv6 SNAT ports %llu",
+	      (unsigned long long)s.snat_ports_in_use);
+	fwd_conn6_free(&ct6);
+}
+
 int main(int argc, char **argv)
 {
 	if (rte_eal_init(argc, argv) < 0) {
@@ -418,6 +624,7 @@ int main(int argc, char **argv)
 	test_snat_ports();
 	test_states();
 	test_shared_reuse();
+	test_ipv6_table();
 	rte_eal_cleanup();
 	if (failures) {
 		printf("conn_selftest: %d failures\n", failures);

@@ -6,7 +6,10 @@
  * little headroom is drop_encap and leaves the frame as it was; a Neighbor
  * Advertisement longer than the solicitation needs tailroom, shorter leaves
  * the frame shorter), IPv6 flows pinned under their 40-byte keys, and the
- * IPv6 verdicts that go to the kernel. The frames are built here byte by
+ * IPv6 verdicts that go to the kernel; and NAT mode over IPv6 (the IPv6
+ * connection table, SNAT from the IPv6 pool, the reply, an ICMPv6 error
+ * translated back, Neighbor Solicitations for the pool, the bound on
+ * extension headers, IPv6 backends only). The frames are built here byte by
  * byte and the checksums recomputed by this file's own code.
  * Run by tests/unit/test_dpdk_packet.py under a small EAL (--no-huge).
  */
@@ -39,6 +42,7 @@ static const __u8 vip6[16] = { 0xfd, 0, [15] = 0x10 };
 static const __u8 client6[16] = { 0xfd, 0, 0, 7, [15] = 0x01 };
 static const __u8 backend6[16] = { 0xfd, 0, 0, 2, [15] = 0x01 };
 static const __u8 tsrc6[16] = { 0xfd, 0, 0, 9 };
+static const __u8 snat6[16] = { 0xfd, 0, 0, 0x0a, [15] = 0x01 };
 #define VIP4 0x1401a8c6u     /* 198.168.1.20, network order */
 #define CLIENT4 0x0107a8c6u  /* 198.168.7.1 */
 #define BACKEND4 0x0102a8c6u /* 198.168.2.1 */
@@ -46,6 +50,7 @@ static const __u8 tsrc6[16] = { 0xfd, 0, 0, 9 };
 
 static struct fwd_context ctx;
 static struct fwd_flow_table flows;
+static struct fwd_conn6_table conns6;
 static struct fwd_counters *counters;
 static __u8 buf[ROOM + 2048];
 
@@ -168,6 +173,7 @@ static enum fwd_verdict run(__u8 *frame, __u32 len, __u32 head, __u32 tail,
 	struct fwd_packet_ctx c = {
 		.tables = fwd_tables_current(&ctx.store),
 		.flows = &flows,
+		.conns6 = conns6.h ? &conns6 : NULL,
 		.counters = counters,
 		.port_macs = port_mac,
 		.nports = 1,
@@ -197,6 +203,16 @@ static int setup(void)
 		{ 2, LB_FAMILY_V6, LB_MODE_TUNNEL, LB_ENCAP_GUE, 53 },
 		{ 3, LB_FAMILY_V6, LB_MODE_DSR, 0, 80 },
 	};
+	/* NAT mode over IPv6: TCP 80 with SNAT to the backends' 8080, TCP 81
+	 * whose ring holds the IPv4 backend only (no NAT64: drop_no_backend). */
+	struct {
+		__u32 id;
+		__u16 port;
+		__u8 flags;
+		__u32 *ring;
+	} nat6[] = { { 4, 80, LB_VIP_F_SNAT, ring6 }, { 5, 81, 0, ring4 } };
+	struct lb_nat_config nat = { .snat_port_min = 20000, .snat_port_max = 20999,
+				     .timeouts_s = LB_CONN_TIMEOUTS_DEFAULT };
 	int rc;
 
 	rc = fwd_store_init(&ctx.store, &cfg, 1, SOCKET_ID_ANY);
@@ -244,6 +260,22 @@ static int setup(void)
 					      vips[i].family == LB_FAMILY_V4 ? ring4 : ring6))
 			return -1;
 	}
+	for (__u32 i = 0; i < sizeof(nat6) / sizeof(nat6[0]); i++) {
+		struct lb_vip_key k = { .port = rte_cpu_to_be_16(nat6[i].port), .proto = 6,
+					.family = LB_FAMILY_V6 };
+		struct lb_vip_entry e = { .vip_id = nat6[i].id, .mode = LB_MODE_NAT,
+					  .nat_flags = nat6[i].flags,
+					  .nat_port = rte_cpu_to_be_16(8080) };
+
+		memcpy(k.addr.v6, vip6, 16);
+		if (fwd_tables_ops.set_vip(&ctx, &k, &e) ||
+		    fwd_tables_ops.write_ring(&ctx, nat6[i].id, nat6[i].ring))
+			return -1;
+	}
+	memcpy(nat.snat_addrs6[0].v6, snat6, 16);
+	nat.snat_naddrs6 = 1;
+	if (fwd_tables_ops.set_nat(&ctx, &nat))
+		return -1;
 	return fwd_flow_init(&flows, "packet_selftest", 1024, 1000000, SOCKET_ID_ANY);
 }
 
@@ -412,6 +444,162 @@ static void ndp_room(void)
 	      (unsigned long long)stat_of(LB_STAT_NDP_REPLY));
 }
 
+/* ---- NAT mode over IPv6 ------------------------------------------------- */
+
+/* The TCP (or UDP) checksum of the n-byte segment at l4 in the IPv6 packet
+ * at ip6 is right: the sum over pseudo-header and segment is 0xffff. */
+static bool l4_ok6(const __u8 *ip6, const __u8 *l4, __u32 n, __u8 proto)
+{
+	__u32 s = sum16(ip6 + 8, 32, 0) + n + proto;
+
+	return fold(sum16(l4, n, s)) == 0xffff;
+}
+
+/* A TCP segment (20-byte header, no payload) from src:sport to dst:dport
+ * with flags, behind ext bytes of destination options. Returns the frame's
+ * length; *l4 is the TCP header. */
+static __u32 tcp6(__u8 *f, const __u8 *src, const __u8 *dst, __u16 sport, __u16 dport,
+		  __u8 flags, __u32 ext, __u8 **l4)
+{
+	__u8 *ip = eth(f, 0x86DD), *o = ip + 40, *t = o + ext;
+
+	ip6hdr(ip, src, dst, (__u16)(ext + 20), ext ? 60 : 6, 64);
+	if (ext) {
+		memset(o, 0, ext);
+		o[0] = 6;                     /* next header: TCP */
+		o[1] = (__u8)(ext / 8 - 1);   /* length in 8-byte units, the first not counted */
+		o[2] = 1;                     /* a PadN option over the rest */
+		o[3] = (__u8)(ext - 4);
+	}
+	memset(t, 0, 20);
+	put16(t, sport);
+	put16(t + 2, dport);
+	put16(t + 4, 0x1234);
+	t[12] = 0x50;
+	t[13] = flags;
+	put16(t + 14, 512);
+	put16(t + 16, (__u16)~fold(sum16(t, 20, sum16(ip + 8, 32, 0) + 20 + 6)));
+	*l4 = t;
+	return 14 + 40 + ext + 20;
+}
+
+static void nat6_paths(void)
+{
+	__u8 *frame = buf + ROOM, *t, *ip = frame + 14, sent[128];
+	struct lb_conn_stats cs;
+	struct lb_nat_config nat;
+	struct fwd_frame f;
+	__u32 len, port, sent_len;
+	__u64 before;
+	__u16 sport;
+	int rc;
+
+	rc = fwd_conn6_init(&conns6, "packet_conns6", 64, 1, NULL, SOCKET_ID_ANY);
+	CHECK(rc == 0, "IPv6 connection table: %d", rc);
+	if (rc)
+		return;
+	ctx.conns6 = &conns6;
+
+	/* A SYN to the IPv6 NAT VIP: to the IPv6 backend's 8080, from a pool
+	 * pair, the TCP checksum right. */
+	len = tcp6(frame, client6, vip6, 40000, 80, 0x02, 0, &t);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_OUT && port == 0, "IPv6 SYN: not sent");
+	CHECK(!memcmp(frame, b6_mac, 6) && !memcmp(frame + 6, port_mac[0], 6), "SYN: MACs");
+	sport = (__u16)(t[0] << 8 | t[1]);
+	CHECK(!memcmp(ip + 8, snat6, 16) && !memcmp(ip + 24, backend6, 16) && sport >= 20000 &&
+	      sport <= 20999 && t[2] == 8080 >> 8 && t[3] == (8080 & 0xff),
+	      "SYN: translated to pool port %u", sport);
+	CHECK(l4_ok6(ip, t, 20, 6), "SYN: TCP checksum");
+	CHECK(stat_of(LB_STAT_CONN_NEW) == 1 && fwd_conn6_count(&conns6) == 2, "SYN: conn_new");
+	sent_len = len - 14;
+	memcpy(sent, ip, sent_len);
+
+	/* The backend's SYN+ACK to the pool pair: back from the VIP to the
+	 * client's MAC. */
+	len = tcp6(frame, backend6, snat6, 8080, sport, 0x12, 0, &t);
+	memcpy(frame + 6, b6_mac, 6);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_OUT, "IPv6 SYN+ACK: not sent");
+	CHECK(!memcmp(frame, client_mac, 6) && !memcmp(ip + 8, vip6, 16) &&
+	      !memcmp(ip + 24, client6, 16) && t[0] == 0 && t[1] == 80 &&
+	      t[2] == 40000 >> 8 && t[3] == (40000 & 0xff), "SYN+ACK: translated back");
+	CHECK(l4_ok6(ip, t, 20, 6), "SYN+ACK: TCP checksum");
+	CHECK(stat_of(LB_STAT_CONN_REPLY) == 1, "conn_reply");
+
+	/* The backend resolves the pool address: answered like a VIP's. */
+	len = ns(frame, backend6, snat6, 8);
+	CHECK(run(frame, len, 0, 64, &f, &port) == FWD_REPLY && !memcmp(ip + 8, snat6, 16),
+	      "NS for the IPv6 pool address");
+	CHECK(stat_of(LB_STAT_NDP_REPLY) == 3, "ndp_reply %llu",
+	      (unsigned long long)stat_of(LB_STAT_NDP_REPLY));
+
+	/* The backend's port unreachable about the SYN it got: the quote
+	 * restored (client -> VIP), the error from the VIP to the client. */
+	{
+		__u8 *icmp = ip + 40;
+		__u32 n = 8 + sent_len;
+
+		eth(frame, 0x86DD);
+		ip6hdr(ip, backend6, snat6, (__u16)n, 58, 64);
+		memset(icmp, 0, 8);
+		icmp[0] = 1;
+		icmp[1] = 4;
+		memcpy(icmp + 8, sent, sent_len);
+		put16(icmp + 2, icmp6_check(ip, n));
+		len = 14 + 40 + n;
+		CHECK(run(frame, len, 0, 0, &f, &port) == FWD_OUT, "ICMPv6 error: not sent");
+		CHECK(!memcmp(frame, client_mac, 6) && !memcmp(ip + 8, vip6, 16) &&
+		      !memcmp(ip + 24, client6, 16), "ICMPv6 error: outer addresses");
+		CHECK(!memcmp(icmp + 8 + 8, client6, 16) && !memcmp(icmp + 8 + 24, vip6, 16) &&
+		      icmp[48] == 40000 >> 8 && icmp[49] == (40000 & 0xff) && icmp[50] == 0 &&
+		      icmp[51] == 80, "ICMPv6 error: the quote restored");
+		CHECK(fold(sum16(icmp, n, sum16(ip + 8, 32, 0) + n + 58)) == 0xffff,
+		      "ICMPv6 error: checksum");
+		CHECK(l4_ok6(icmp + 8, icmp + 48, 20, 6), "ICMPv6 error: quoted TCP checksum");
+		CHECK(stat_of(LB_STAT_NAT_ICMP) == 1, "nat_icmp");
+		/* The same error again, now quoting nothing of ours (the quote
+		 * is the client's packet): to the kernel. */
+		CHECK(run(frame, len, 0, 0, &f, &port) == FWD_TO_KERNEL &&
+		      stat_of(LB_STAT_NAT_ICMP) == 1, "an error about no connection");
+	}
+
+	/* Extension headers: 8 bytes are translated behind; 264 are beyond
+	 * LB_NAT6_MAX_L4_OFF and pass to the kernel, untouched. */
+	len = tcp6(frame, client6, vip6, 40001, 80, 0x02, 8, &t);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_OUT && !memcmp(ip + 24, backend6, 16) &&
+	      l4_ok6(ip, t, 20, 6), "SYN behind 8 bytes of options");
+	len = tcp6(frame, client6, vip6, 40002, 80, 0x02, 264, &t);
+	memcpy(sent, frame, 128);
+	before = stat_of(LB_STAT_PASS_EXT_HEADERS);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_TO_KERNEL &&
+	      stat_of(LB_STAT_PASS_EXT_HEADERS) == before + 1 && !memcmp(sent, frame, 128),
+	      "SYN behind 264 bytes of options");
+	/* A reply of no VIP behind as many: the same bound (spec 4 b). */
+	len = tcp6(frame, backend6, snat6, 8080, sport, 0x10, 264, &t);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_TO_KERNEL &&
+	      stat_of(LB_STAT_PASS_EXT_HEADERS) == before + 2, "a reply behind 264 bytes");
+
+	/* An IPv6 NAT VIP whose ring names the IPv4 backend: no NAT64. */
+	len = tcp6(frame, client6, vip6, 40003, 81, 0x02, 0, &t);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_DROP &&
+	      stat_of(LB_STAT_DROP_NO_BACKEND) == 1, "IPv4 backend for an IPv6 NAT VIP: %llu",
+	      (unsigned long long)stat_of(LB_STAT_DROP_NO_BACKEND));
+
+	/* No IPv6 pool while the VIP wants SNAT: drop_snat_exhausted. */
+	nat = fwd_tables_current(&ctx.store)->nat;
+	nat.snat_naddrs6 = 0;
+	CHECK(fwd_tables_ops.set_nat(&ctx, &nat) == 0, "set_nat");
+	len = tcp6(frame, client6, vip6, 40004, 80, 0x02, 0, &t);
+	CHECK(run(frame, len, 0, 0, &f, &port) == FWD_DROP &&
+	      stat_of(LB_STAT_DROP_SNAT_EXHAUSTED) == 1, "no IPv6 pool");
+
+	/* The figures: both tables (IPv4's absent here: the IPv6 one alone). */
+	CHECK(fwd_tables_ops.read_conns(&ctx, &cs) == 0 && cs.capacity == 64 && cs.entries == 4 &&
+	      cs.snat_ports_in_use == 2 && cs.by_state[LB_CONN_SYN_SENT] == 1 &&
+	      cs.by_state[LB_CONN_SYN_RECV] == 1,
+	      "figures: capacity %llu entries %llu snat %llu", (unsigned long long)cs.capacity,
+	      (unsigned long long)cs.entries, (unsigned long long)cs.snat_ports_in_use);
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -426,6 +614,7 @@ int main(int argc, char **argv)
 		tunnel_room();
 		ipv6_flows();
 		ndp_room();
+		nat6_paths(); /* last: the IPv6 table is not empty after it */
 	}
 	if (failures) {
 		printf("packet_selftest: %d failures\n", failures);

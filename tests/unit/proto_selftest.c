@@ -13,7 +13,8 @@
  * NAT mode (set_nat, read_conns, set_vip's mode 1 and snat): every field's
  * bounds, the SNAT rule both ways, dump's round trip, stats' "conns", the
  * rollback, lb_proto_server_restore's checks, and a second server whose data
- * plane has no NAT hooks.
+ * plane has no NAT hooks. NAT mode for IPv6: proto_selftest_nat6.c,
+ * included below; the fuzz runs with nat6 on.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -42,6 +43,7 @@ static struct {
 } dp;
 
 static int n_ok, n_rejected; /* so the fuzz shows it reached both outcomes */
+static bool mirror_nat6; /* the server under test has info.nat6 (IPv6 NAT VIPs allowed) */
 
 #include "selftest.h"
 
@@ -214,9 +216,12 @@ static void check_mirror(const struct lb_proto_server *srv, const char *when)
 			      "vip %d nat_flags differ after %s", i, when);
 			/* The SNAT rule holds whatever the requests were. */
 			CHECK(!(st->vips[i].nat_flags & LB_VIP_F_SNAT) ||
-			      (st->vips[i].mode == LB_MODE_NAT && st->nat.snat_naddrs > 0),
-			      "vip %d: SNAT without a NAT mode or a pool after %s", i, when);
-			CHECK(st->vips[i].mode != LB_MODE_NAT ||
+			      (st->vips[i].mode == LB_MODE_NAT &&
+			       (st->vips[i].key.family == LB_FAMILY_V6 ? st->nat.snat_naddrs6 :
+				st->nat.snat_naddrs) > 0),
+			      "vip %d: SNAT without a NAT mode or a pool of its family after %s",
+			      i, when);
+			CHECK(st->vips[i].mode != LB_MODE_NAT || mirror_nat6 ||
 			      st->vips[i].key.family == LB_FAMILY_V4,
 			      "vip %d: an IPv6 NAT VIP after %s", i, when);
 			CHECK(st->vips[i].mode == dp.entries[i].mode &&
@@ -751,14 +756,15 @@ static const char *bad_nat(struct w *w, int i)
 		msgpack_pack_array(&w->pk, LB_MAX_SNAT_ADDRS + 1);
 		for (int k = 0; k <= LB_MAX_SNAT_ADDRS; k++)
 			pack_ip4(w, 10, 9, 0, (__u8)(k + 1));
-		return "field 'snat_addrs' has 17 entries, at most 16 allowed";
-	case 2:
+		return "field 'snat_addrs' has 17 IPv4 entries, at most 16 of each family allowed";
+	case 2: /* this server has no "nat6" */
 		w_init(w, "set_nat", 1);
 		w_key(w, "snat_addrs");
 		msgpack_pack_array(&w->pk, 2);
 		pack_ip4(w, 192, 0, 2, 1);
 		msgpack_pack_bin_with_body(&w->pk, a16, 16);
-		return "field 'snat_addrs[1]' must be bin of 4 bytes (NAT mode is IPv4 only), got 16";
+		return "field 'snat_addrs[1]' is IPv6: this data plane has no NAT mode for IPv6 "
+		       "(no \"nat6\" capability)";
 	case 3:
 		w_init(w, "set_nat", 1);
 		w_key(w, "snat_addrs");
@@ -896,6 +902,20 @@ static const char *bad_nat(struct w *w, int i)
 		w_init(w, "set_nat", 1);
 		w_uint(w, "timeouts", 30);
 		return "field 'timeouts' must be a map, got unsigned integer";
+	case 30:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 2);
+		pack_ip4(w, 192, 0, 2, 1);
+		msgpack_pack_bin_with_body(&w->pk, a16, 5);
+		return "field 'snat_addrs[1]' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5";
+	case 31:
+		w_init(w, "set_nat", 1);
+		w_key(w, "snat_addrs");
+		msgpack_pack_array(&w->pk, 2 * LB_MAX_SNAT_ADDRS + 1);
+		for (int k = 0; k <= 2 * LB_MAX_SNAT_ADDRS; k++)
+			pack_ip4(w, 10, 9, 0, (__u8)(k + 1));
+		return "field 'snat_addrs' has 33 entries, at most 32 allowed (16 of each family)";
 	default:
 		return NULL;
 	}
@@ -1319,7 +1339,7 @@ static void test_nat_restore(void)
 	BAD_CASE(bad->nat.snat_addrs[5] = htonl(0x0a000001),
 		 "field 'snat_addrs': entry 5 past the 1 addresses is 10.0.0.1, not 0");
 	BAD_CASE(bad->nat.snat_naddrs = LB_MAX_SNAT_ADDRS + 1,
-		 "field 'snat_addrs' has 17 entries, at most 16 allowed");
+		 "field 'snat_addrs' has 17 IPv4 entries, at most 16 of each family allowed");
 	BAD_CASE(bad->nat.on_backend_down = 2, "field 'on_backend_down' out of range: 2");
 	BAD_CASE(bad->nat.pad[1] = 1, "pad is not 0");
 	BAD_CASE(bad->nat.timeouts_s[LB_CONN_TIME_WAIT] = 0,
@@ -1802,6 +1822,8 @@ static void test_no_tunnel(void)
 	lb_proto_server_free(srv);
 }
 
+#include "proto_selftest_nat6.c"
+
 int main(void)
 {
 	static const char *const caps[] = { "dsr", "nat", "tunnel", NULL };
@@ -1841,6 +1863,11 @@ int main(void)
 	test_nat_stats_hello(srv, info.conn_table_size);
 	test_tunnel(srv);
 
+	/* The fuzz runs with NAT mode for IPv6 (IPv6 pools and NAT VIPs). */
+	info.nat6 = true;
+	CHECK(lb_proto_server_set_info(srv, &info) == 0, "set_info nat6");
+	mirror_nat6 = true;
+
 	/* Fuzz: random requests built from valid pieces, some mangled, plus
 	 * plain random bytes. After each, the mirror must still agree. */
 	for (int it = 0; it < 20000; it++) {
@@ -1876,23 +1903,31 @@ int main(void)
 		case 6:
 			w_init(&w, rand_r(&seed) % 2 ? "dump" : "stats", 0);
 			break;
-		case 7: { /* a pool of 0..3 from 4 addresses, one not unicast */
+		case 7: { /* a pool of 0..4 from 7 addresses of both families, two not unicast */
 			static const __u8 pool[4][4] = { { 198, 51, 100, 1 }, { 198, 51, 100, 2 },
 							 { 203, 0, 113, 5 }, { 127, 0, 0, 1 } };
-			int n = rand_r(&seed) % 4, ports = rand_r(&seed) % 3;
+			static const __u8 pool6[3][16] = { { 0xfd, [15] = 1 }, { 0x20, 0x01, 0x0d,
+							   0xb8, [15] = 2 }, { 0xfe, 0x80, [15] = 3 } };
+			int n = rand_r(&seed) % 5, ports = rand_r(&seed) % 3;
 
 			w_init(&w, "set_nat", 1 + (ports ? 2 : 0));
 			w_key(&w, "snat_addrs");
 			msgpack_pack_array(&w.pk, (uint32_t)n);
-			for (int i = 0; i < n; i++)
-				msgpack_pack_bin_with_body(&w.pk, pool[rand_r(&seed) % 4], 4);
+			for (int i = 0; i < n; i++) {
+				int k = rand_r(&seed) % 7;
+
+				if (k < 4)
+					msgpack_pack_bin_with_body(&w.pk, pool[k], 4);
+				else
+					msgpack_pack_bin_with_body(&w.pk, pool6[k - 4], 16);
+			}
 			if (ports) {
 				w_uint(&w, "snat_port_min", (uint64_t)(rand_r(&seed) % 3) * 30000);
 				w_uint(&w, "snat_port_max", (uint64_t)(rand_r(&seed) % 3) * 30000 + 5);
 			}
 			break;
 		}
-		case 8: { /* a NAT VIP, IPv6 now and then (refused), snat or not */
+		case 8: { /* a NAT VIP, IPv6 now and then, snat or not */
 			size_t alen = rand_r(&seed) % 4 ? 4 : 16;
 			__u8 addr[16];
 
@@ -1938,8 +1973,10 @@ int main(void)
 			break;
 	}
 	lb_proto_server_free(srv);
+	mirror_nat6 = false;
 	test_nat_restore();
 	test_no_nat();
+	test_nat6();
 	test_vip_entry_conversion();
 	test_tunnel_restore();
 	test_no_tunnel();

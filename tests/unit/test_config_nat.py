@@ -157,6 +157,8 @@ CROSS_FIELD = {
     ("port: 80, pool: dsr}", "pools.web.backend_port"): "backend_port: 8080",
     ("port: 80, pool: dsr}", "pools.ldap.snat"): "snat: true",
     ("10.30.0.12, via: eth1,", "vips[0].mode"): "mode: nat",
+    ("[10.30.255.1, 10.30.255.2]", "vips[1].snat"): "snat: true}",
+    ("address: 192.0.2.30, port: 80", "pools.web.backends[0].address"): "10.30.0.11, via",
 }
 
 
@@ -183,13 +185,15 @@ CROSS_FIELD = {
     ("conn_table_size: 1024", "conn_table_sise: 1024", "nat.conn_table_sise",
      "did you mean 'conn_table_size'"),
     # SNAT
-    ("[10.30.255.1, 10.30.255.2]", "[2001:db8::1]", "nat.snat.addresses[0]",
-     "NAT mode is IPv4 only"),
+    # an IPv6 pool alone does not serve IPv4 SNAT VIPs (test_config_nat6.py: the other way)
+    ("[10.30.255.1, 10.30.255.2]", "['2001:db8::1']", "vips[1].snat",
+     "SNAT for IPv4 VIP 'tls' needs an IPv4 address: add one to nat.snat.addresses (a "
+     "connection takes a SNAT address of its VIP's family)"),
     ("[10.30.255.1, 10.30.255.2]", "[10.30.255.1, 10.30.255.1]", "nat.snat.addresses",
      "listed twice: 10.30.255.1"),
     ("[10.30.255.1, 10.30.255.2]", "[]", "nat.snat.addresses", "at least 1 item"),
     ("[10.30.255.1, 10.30.255.2]", "[" + ", ".join(f"10.30.255.{i}" for i in range(1, 18)) + "]",
-     "nat.snat.addresses", "at most 16 items"),
+     "nat.snat.addresses", "17 IPv4 addresses: at most 16 of each family"),
     ("[10.30.255.1, 10.30.255.2]", "[0.0.0.0]", "nat.snat.addresses[0]",
      "not a unicast address"),
     ("[10.30.255.1, 10.30.255.2]", "[10.30.255.1, 192.0.2.31]", "nat.snat.addresses[1]",
@@ -207,8 +211,10 @@ CROSS_FIELD = {
     ('ports: "2000-2999"', "ports: {min: 1, max: 70000}", "nat.snat.ports.max",
      "less than or equal to 65535"),
     # VIPs and pools
-    ("address: 192.0.2.30, port: 80", "address: '2001:db8::30', port: 80", "vips[0].address",
-     "NAT mode is IPv4 only"),
+    ("address: 192.0.2.30, port: 80", "address: '2001:db8::30', port: 80",
+     "pools.web.backends[0].address",
+     "backend 'b1' is IPv4 and NAT VIP 'web' (2001:db8::30) IPv6: NAT mode does not translate "
+     "between families (no NAT64"),
     ("port: 80, pool: dsr}", "port: 80, pool: dsr, backend_port: 8080}",
      "vips[4].backend_port", "only a NAT VIP (mode: nat) maps ports"),
     ("port: 80, pool: dsr}", "port: 80, pool: dsr, snat: true}", "vips[4].snat",
@@ -226,8 +232,9 @@ CROSS_FIELD = {
     ("port: 80, pool: dsr}", "port: 80, pool: dsr, tunnel: {source: 10.9.0.0/24}}",
      "vips[4].tunnel", "only a tunnel VIP (mode: tunnel) encapsulates: this one is dsr"),
     ("10.30.0.12, via: eth1,", "'fd00:30::12', via: eth1,", "pools.web.backends[1].address",
-     "NAT mode is IPv4 only (its connection table keys are IPv4 5-tuples, lb_conn.h); use an "
-     "IPv4 address (backend 'b2' of pool 'web', which NAT VIP 'web' uses)"),
+     "backend 'b2' is IPv6 and NAT VIP 'web' (192.0.2.30) IPv4: NAT mode does not translate "
+     "between families (no NAT64: a connection's addresses, client, VIP, backend and SNAT, are "
+     "all IPv4 or all IPv6); give pool 'web' IPv4 backends"),
     # two interfaces: the backends of a NAT VIP leave by an egress port
     ("10.30.0.12, via: eth1,", "10.30.0.12,", "vips[0].mode",
      "pool 'web' has b2 on the ingress interface eth0 (no `via`)"),
@@ -267,18 +274,20 @@ def test_many_one_arm_backends_are_named_briefly() -> None:
     assert "has n1, n2, n3, n4, n5 and 3 more on the ingress interface" in message, message
 
 
-def test_ipv6_is_refused_by_nat_alone() -> None:
-    """An IPv6 DSR VIP with IPv6 backends is accepted; the same in NAT mode is
-    refused at the VIP as NAT's limit (an IPv6 backend of an IPv4 NAT VIP is
-    test_refusals_name_line_and_field's)."""
+def test_ipv6_nat_takes_ipv6_backends() -> None:
+    """An IPv6 NAT VIP with IPv6 backends is accepted as the DSR one is (more
+    in test_config_nat6.py); with an IPv4 backend it is refused at the
+    backend's address (no NAT64)."""
     v6 = MINIMAL.replace("192.0.2.30", "'2001:db8::30'").replace("10.30.0.11", "'fd00:30::11'")
-    cfg = parse_config(v6.replace("mode: nat", "mode: dsr"))
-    assert cfg.vips[0].address.version == cfg.pools["web"].backends[0].address.version == 6
-    message = refused(v6)
-    column = v6.splitlines()[-1].index("'2001") + 1
-    assert message == (f"t.yaml:{line_of(v6, '2001:db8::30')}:{column}: "
-                       "vips[0].address: NAT mode is IPv4 only (its connection table keys are "
-                       "IPv4 5-tuples, lb_conn.h); use an IPv4 address (got '2001:db8::30')")
+    for mode in ("dsr", "nat"):
+        cfg = parse_config(v6.replace("mode: nat", f"mode: {mode}"))
+        assert cfg.vips[0].address.version == cfg.pools["web"].backends[0].address.version == 6
+    mixed = v6.replace("'fd00:30::11'", "10.30.0.11")
+    message = refused(mixed)
+    column = mixed.splitlines()[-2].index("10.30.0.11") + 1
+    assert message.startswith(f"t.yaml:{line_of(mixed, '10.30.0.11')}:{column}: "
+                              "pools.web.backends[0].address: backend 'b1' is IPv4 and NAT VIP "
+                              "'web' (2001:db8::30) IPv6: NAT mode does not translate"), message
 
 
 # --- into the tables ----------------------------------------------------------------

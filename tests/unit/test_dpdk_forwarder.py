@@ -26,10 +26,12 @@ from pathlib import Path
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
 from scapy.layers.inet6 import (
+    ICMPv6DestUnreach,
     ICMPv6ND_NA,
     ICMPv6ND_NS,
     ICMPv6NDOptDstLLAddr,
     ICMPv6NDOptSrcLLAddr,
+    IPerror6,
     IPv6,
 )
 from scapy.layers.l2 import ARP, Ether
@@ -497,7 +499,8 @@ def test_nat_tcp_connection_is_translated_both_ways(
     assert (counters["conn_new"], counters["conn_reply"], counters["conn_hit"]) == (1, 1, 1)
     assert counters["fwd_tx"] == 3
     conns = stats["conns"]
-    assert conns["capacity"] == 64 and conns["entries"] == 2
+    # The capacity is both families' tables' (64 entries each).
+    assert conns["capacity"] == 128 and conns["entries"] == 2
     assert conns["by_state"]["established"] == 1 and conns["snat_ports_in_use"] == 0
 
     # An RST that matches nothing opens nothing.
@@ -761,3 +764,87 @@ def test_neighbor_solicitations_for_vips_are_answered(
             assert time.monotonic() < deadline, frame.summary()
             time.sleep(0.01)
     assert dp.client.stats()["counters"]["ndp_reply"] == 2
+
+
+# --- NAT mode over IPv6 -------------------------------------------------------
+
+NAT6_VIP = "fd00::20"      # TCP 80 -> 8080 with a source from the IPv6 pool; UDP 53 -> 5353
+SNAT6_ADDR = "fd00:a::1"
+
+
+def _nat6_tables() -> TableSet:
+    t = TableSet(hash_key=bytes(range(16)), ring_size=65537)
+    t.backends[1] = Backend(1, ipaddress.IPv6Address(BACKEND6), BACKEND6_MAC, BackendState.UP)
+    ring = maglev.build_table([(1, "b1", 1.0)], 65537)
+    t.vips[8] = Vip(8, ipaddress.IPv6Address(NAT6_VIP), 80, 6, mode=VipMode.NAT, nat_port=8080,
+                    snat=True)
+    t.vips[9] = Vip(9, ipaddress.IPv6Address(NAT6_VIP), 53, 17, mode=VipMode.NAT,
+                    nat_port=5353)
+    t.rings = {8: ring, 9: ring}
+    t.nat = NatConfig(snat_addrs=(ipaddress.IPv4Address(SNAT_ADDR),
+                                  ipaddress.IPv6Address(SNAT6_ADDR)),
+                      snat_port_min=20000, snat_port_max=20999)
+    return t
+
+
+def checksums6_ok(pkt: Ether) -> bool:
+    """The checksum of what follows the IPv6 header (TCP, UDP: chksum;
+    ICMPv6: cksum) equals scapy's recomputation."""
+    payload = pkt[IPv6].payload
+    field = next(f for f in ("chksum", "cksum") if f in payload.fields)
+    again = Ether(bytes(pkt))
+    delattr(again[IPv6].payload, field)
+    return bool(getattr(Ether(bytes(again))[IPv6].payload, field) == getattr(payload, field))
+
+
+def test_nat6_snat_ndp_udp_and_icmpv6(netns: str, tmp_path: Path) -> None:
+    """NAT mode over IPv6 on the wire: the IPv6 pool address is resolved
+    (Neighbor Advertisement), a TCP connection goes out from a pool pair and
+    its reply comes back from the VIP, UDP keeps the client's source, and the
+    backend's port unreachable reaches the client about the packet it sent."""
+    with nat_forwarder_in(netns, tmp_path, tables=_nat6_tables()) as (dp, port_mac, wire):
+        assert "nat6" in dp.client.hello()["capabilities"]
+        solicited = "ff02::1:ff00:1"
+        ns = (Ether(src=BACKEND6_MAC, dst="33:33:ff:00:00:01")
+              / IPv6(src=BACKEND6, dst=solicited) / ICMPv6ND_NS(tgt=SNAT6_ADDR)
+              / ICMPv6NDOptSrcLLAddr(lladdr=BACKEND6_MAC))
+        na = wire.exchange(bytes(ns))
+        assert (na.dst, na[IPv6].src, na[ICMPv6ND_NA].tgt) == (BACKEND6_MAC, SNAT6_ADDR,
+                                                               SNAT6_ADDR)
+        assert na[ICMPv6NDOptDstLLAddr].lladdr == port_mac
+
+        syn = Ether(src=CLIENT_MAC, dst=port_mac) / IPv6(src=CLIENT6, dst=NAT6_VIP) / TCP(
+            sport=40000, dport=80, flags="S", seq=1000)
+        out = wire.exchange(bytes(syn))
+        assert (out.dst, out.src) == (BACKEND6_MAC, port_mac)
+        assert (out[IPv6].src, out[IPv6].dst, out[TCP].dport) == (SNAT6_ADDR, BACKEND6, 8080)
+        snat_port = out[TCP].sport
+        assert 20000 <= snat_port <= 20999 and out[TCP].seq == 1000 and checksums6_ok(out)
+        syn_ack = Ether(src=BACKEND6_MAC, dst=port_mac) / IPv6(src=BACKEND6, dst=SNAT6_ADDR) / TCP(
+            sport=8080, dport=snat_port, flags="SA", seq=5000, ack=1001)
+        back = wire.exchange(bytes(syn_ack))
+        assert (back.dst, back[IPv6].src, back[IPv6].dst, back[TCP].sport,
+                back[TCP].dport) == (CLIENT_MAC, NAT6_VIP, CLIENT6, 80, 40000)
+        assert back[TCP].flags == "SA" and checksums6_ok(back)
+
+        query = Ether(src=CLIENT_MAC, dst=port_mac) / IPv6(src=CLIENT6, dst=NAT6_VIP) / UDP(
+            sport=41000, dport=53) / b"query"
+        sent = wire.exchange(bytes(query))
+        assert (sent[IPv6].src, sent[IPv6].dst, sent[UDP].sport, sent[UDP].dport) == (
+            CLIENT6, BACKEND6, 41000, 5353)
+        assert checksums6_ok(sent)
+        unreach = (Ether(src=BACKEND6_MAC, dst=port_mac) / IPv6(src=BACKEND6, dst=CLIENT6)
+                   / ICMPv6DestUnreach(code=4) / bytes(sent[IPv6]))
+        err = wire.exchange(bytes(unreach))
+        assert (err.dst, err[IPv6].src, err[IPv6].dst) == (CLIENT_MAC, NAT6_VIP, CLIENT6)
+        assert (err[IPerror6].src, err[IPerror6].dst) == (CLIENT6, NAT6_VIP)
+        assert (err[UDPerror].sport, err[UDPerror].dport) == (41000, 53)
+        assert checksums6_ok(err)
+        assert bytes(err[IPerror6]) == bytes(query[IPv6])  # the client's packet, whole
+
+        stats = dp.client.stats()
+        counters, conns = stats["counters"], stats["conns"]
+        assert (counters["conn_new"], counters["conn_reply"], counters["nat_icmp"],
+                counters["ndp_reply"]) == (2, 1, 1, 1)
+        assert conns["capacity"] == 128 and conns["entries"] == 4
+        assert conns["snat_ports_in_use"] == 1 and conns["by_state"]["syn_recv"] == 1

@@ -1,5 +1,6 @@
-"""The NAT gateway's packet rewrites (dataplane/common/lb_nat.h), through
-tests/unit/nat_harness.c, against scapy's own build of the expected packet.
+"""The NAT gateway's packet rewrites (dataplane/common/lb_nat.h, lb_nat6.h, and
+lb_conn.h's IPv6 helpers), through tests/unit/nat_harness.c, against scapy's own
+build of the expected packet.
 
 * IPv4 TCP/UDP DNAT and SNAT: the harness rewrites the address and port, the
   expectation is the same frame with the new address and port and the IPv4 and
@@ -17,6 +18,11 @@ tests/unit/nat_harness.c, against scapy's own build of the expected packet.
   ICMP messages, random corruption: an answer, never a write outside the
   frame (the harness is built with ASan/UBSan and copies every frame into a
   buffer of exactly its length) nor a write into a refused frame.
+* IPv6: the same for TCP/UDP with and without extension headers (up to the
+  256-byte bound, one past it refused), UDP checksum 0 and a computed 0, a
+  wrong checksum staying exactly as wrong; ICMPv6 errors of each type (1, 2,
+  3, 4) quoting TCP and UDP, short quotes, an inner extension header (not
+  NAT's), lb_conn6_translate, lb_conn6_icmp_key/translate, lb_tcp_flags6.
 
 As root, with clang and libbpf-dev, the harness also runs every request
 through the BPF build of the same file (loaded: the verifier accepts lb_nat.h
@@ -37,9 +43,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPOption_NOP, IPOption_RR
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import (
+    ICMPv6DestUnreach,
+    ICMPv6EchoRequest,
+    ICMPv6ND_NS,
+    ICMPv6PacketTooBig,
+    ICMPv6ParamProblem,
+    ICMPv6TimeExceeded,
+    IPv6,
+    IPv6ExtHdrDestOpt,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+    PadN,
+)
 from scapy.layers.l2 import Dot1Q, Ether
-from scapy.packet import Raw
+from scapy.packet import Packet, Raw
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = REPO / "dataplane/common"
@@ -164,7 +182,7 @@ def l4_packet(proto: str, src: str, dst: str, sport: int, dport: int, payload: b
     return ip / udp / payload
 
 
-def frame_of(ip: IP, vlan: bool = False, pad: int = 0) -> bytes:
+def frame_of(ip: Packet, vlan: bool = False, pad: int = 0) -> bytes:
     eth = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
     pkt = eth / Dot1Q(vlan=42) / ip if vlan else eth / ip
     raw = bytes(pkt)
@@ -478,6 +496,434 @@ def test_corrupted_frames_never_escape(harness: Harness, seed: int, kind: str,
     assert answer.startswith(("OK", "ERR")), answer
 
 
+# ---- IPv6 (lb_nat6.h, lb_conn.h's IPv6 helpers) ----------------------------------
+
+CLIENT6, VIP6, BACKEND6 = "2001:db8:1::7", "2001:db8:2::10", "fd00:1::3"
+ROUTER6, SNAT6 = "2001:db8:ff::fe", "fd00:2::99"
+# A Hop-by-Hop and a Destination Options header of 16 bytes each.
+EXT6 = {"plain": [], "hbh": ["hbh"], "hbh+dst": ["hbh", "dst"], "atomic_frag": ["frag"]}
+
+
+def a6(addr: str) -> str:
+    return socket.inet_pton(socket.AF_INET6, addr).hex()
+
+
+def ext_header(kind: str, size: int = 16) -> Packet:
+    """One extension header of `size` bytes (a multiple of 8)."""
+    if kind == "frag":  # atomic (RFC 6946): offset 0, M 0: a whole packet
+        return IPv6ExtHdrFragment(offset=0, m=0, id=0x1234)
+    cls = IPv6ExtHdrHopByHop if kind == "hbh" else IPv6ExtHdrDestOpt
+    return cls(options=[PadN(optdata=b"\0" * (size - 4))], autopad=0)
+
+
+def l4_packet6(proto: str, src: str, dst: str, sport: int, dport: int, payload: bytes,
+               ext: list[str] | None = None, udp_zero: bool = False,
+               ext_size: int = 16, flags: str = "PA") -> Packet:
+    pkt: Packet = IPv6(src=src, dst=dst, hlim=60)
+    for kind in ext or []:
+        pkt = pkt / ext_header(kind, ext_size)
+    if proto == "tcp":
+        return pkt / TCP(sport=sport, dport=dport, seq=0x01020304, flags=flags) / payload
+    udp = UDP(sport=sport, dport=dport)
+    if udp_zero:
+        udp.chksum = 0
+    return pkt / udp / payload
+
+
+def nat6(h: Harness, frame: bytes, side: str, addr: str, port: int) -> str:
+    return h.ask(f"n {side} {a6(addr)} {port} {frame.hex()}")
+
+
+def expect_nat6(frame: bytes, proto: str, side: str, addr: str, port: int) -> bytes:
+    """scapy's rebuild of the frame with the new address and port."""
+    pkt = Ether(frame)
+    ip, l4 = pkt[IPv6], pkt[L4[proto]]
+    if side == "D":
+        ip.dst, l4.dport = addr, port
+    else:
+        ip.src, l4.sport = addr, port
+    if not (proto == "udp" and l4.chksum == 0):  # 0 stays 0, as for IPv4
+        del l4.chksum
+    return bytes(pkt)
+
+
+def l4_sum6(frame: bytes, proto: str) -> int:
+    """The one's-complement sum over pseudo-header and segment (0xffff: right)."""
+    pkt = Ether(frame)
+    ip = pkt[IPv6]
+    whole = bytes(ip)  # Ethernet padding included: cut at the payload length
+    seg = whole[len(whole) - len(bytes(pkt[L4[proto]])): 40 + ip.plen]
+    pseudo = (socket.inet_pton(socket.AF_INET6, ip.src) + socket.inet_pton(socket.AF_INET6, ip.dst)
+              + struct.pack("!IxxxB", len(seg), 6 if proto == "tcp" else 17))
+    return _ones_sum(pseudo + seg)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("side", ["D", "S"])
+@pytest.mark.parametrize("shape", [*EXT6, "vlan", "padded", "vlan+hbh"])
+def test_nat6_rewrite_matches_scapy(harness: Harness, proto: str, side: str, shape: str) -> None:
+    ext = EXT6.get(shape, ["hbh"] if "hbh" in shape else [])
+    frame = frame_of(l4_packet6(proto, CLIENT6, VIP6, 40000, 443, b"x" * 5, ext=ext),
+                     vlan="vlan" in shape, pad=12 if shape == "padded" else 0)
+    addr, port = (BACKEND6, 8443) if side == "D" else (SNAT6, 1234)
+    got = nat6(harness, frame, side, addr, port)
+    want = expect_nat6(frame, proto, side, addr, port)
+    assert got == f"OK {want.hex()}"
+    assert l4_sum6(want, proto) == 0xFFFF  # scapy's checksum is right, and so is ours
+
+
+ADDRS6 = st.binary(min_size=16, max_size=16).map(
+    lambda b: socket.inet_ntop(socket.AF_INET6, b))
+
+
+@SETTINGS
+@given(proto=st.sampled_from(["tcp", "udp"]), side=st.sampled_from(["S", "D"]),
+       src=ADDRS6, dst=ADDRS6, sport=PORTS, dport=PORTS, new_addr=ADDRS6, new_port=PORTS,
+       payload=st.binary(max_size=64),
+       ext=st.lists(st.sampled_from(["hbh", "dst"]), max_size=3),
+       ext_size=st.sampled_from([8, 16, 64]), udp_zero=st.booleans(), vlan=st.booleans())
+def test_nat6_rewrite_random(harness: Harness, proto: str, side: str, src: str, dst: str,
+                             sport: int, dport: int, new_addr: str, new_port: int,
+                             payload: bytes, ext: list[str], ext_size: int, udp_zero: bool,
+                             vlan: bool) -> None:
+    frame = frame_of(l4_packet6(proto, src, dst, sport, dport, payload, ext=ext,
+                                udp_zero=udp_zero, ext_size=ext_size), vlan=vlan)
+    got = nat6(harness, frame, side, new_addr, new_port)
+    assert got == f"OK {expect_nat6(frame, proto, side, new_addr, new_port).hex()}"
+
+
+def test_nat6_udp_checksum_zero_stays_zero(harness: Harness) -> None:
+    frame = frame_of(l4_packet6("udp", CLIENT6, VIP6, 5353, 53, b"query", udp_zero=True))
+    got = nat6(harness, frame, "D", BACKEND6, 5300)
+    out = Ether(bytes.fromhex(got.split()[1]))
+    assert out[UDP].chksum == 0 and out[IPv6].dst == BACKEND6 and out[UDP].dport == 5300
+
+
+@pytest.mark.parametrize("side", ["D", "S"])
+def test_nat6_udp_recomputed_zero_goes_out_as_ffff(harness: Harness, side: str) -> None:
+    new_addr, new_port = "fd00:9::7", 4242
+
+    def datagram(last: int) -> Packet:
+        return l4_packet6("udp", CLIENT6, VIP6, 1111, 2222, b"abcdef" + struct.pack("!H", last))
+    ip = IPv6(bytes(datagram(0)))
+    if side == "D":
+        ip.dst, ip[UDP].dport = new_addr, new_port
+    else:
+        ip.src, ip[UDP].sport = new_addr, new_port
+    udp = bytes(ip[UDP])
+    pseudo = (socket.inet_pton(socket.AF_INET6, ip.src) + socket.inet_pton(socket.AF_INET6, ip.dst)
+              + struct.pack("!IxxxB", len(udp), 17))
+    word = 0xFFFF - _ones_sum(pseudo + udp[:6] + b"\0\0" + udp[8:])
+    frame = frame_of(datagram(word))
+    want = expect_nat6(frame, "udp", side, new_addr, new_port)
+    assert Ether(want)[UDP].chksum == 0xFFFF, "the case must be the one that computes to 0"
+    assert Ether(frame)[UDP].chksum not in (0, 0xFFFF)
+    assert nat6(harness, frame, side, new_addr, new_port) == f"OK {want.hex()}"
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("side", ["D", "S"])
+def test_nat6_wrong_checksum_stays_as_wrong(harness: Harness, proto: str, side: str) -> None:
+    """Incremental: a checksum that was wrong by d is still wrong by d."""
+    raw = bytearray(frame_of(l4_packet6(proto, CLIENT6, VIP6, 40000, 443, b"data",
+                                        ext=["dst"])))
+    csum_at = 14 + 40 + 16 + (16 if proto == "tcp" else 6)
+    raw[csum_at] ^= 0x12
+    frame = bytes(raw)
+    bad = l4_sum6(frame, proto)
+    assert bad != 0xFFFF
+    got = nat6(harness, frame, side, BACKEND6 if side == "D" else SNAT6, 8443)
+    out = bytes.fromhex(got.split()[1])
+    assert l4_sum6(out, proto) == bad
+
+
+def test_nat6_refuses_what_it_cannot_translate(harness: Harness) -> None:
+    base = l4_packet6("tcp", CLIENT6, VIP6, 1000, 80, b"data" * 4)
+    head = IPv6(src=CLIENT6, dst=VIP6)
+    tcp = bytes(base[TCP])
+    cases = {
+        "first fragment": head / IPv6ExtHdrFragment(nh=6, m=1, id=7) / Raw(tcp),
+        "later fragment": head / IPv6ExtHdrFragment(nh=6, offset=2, id=7) / Raw(tcp[16:]),
+        "icmpv6": head / ICMPv6EchoRequest(),
+        "other protocol": IPv6(src=CLIENT6, dst=VIP6, nh=47) / b"gre-ish-payload",
+        "ipv4": l4_packet("tcp", CLIENT, VIP, 1000, 80, b""),
+    }
+    for name, pkt in cases.items():
+        assert nat6(harness, frame_of(pkt), "D", BACKEND6, 80).startswith(
+            "ERR not_applicable"), name
+    # An invalid side: refused, nothing written (the harness checks).
+    assert harness.ask(f"n 0 {a6(BACKEND6)} 80 {frame_of(base).hex()}") == "ERR malformed ok"
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_nat6_extension_header_bound(harness: Harness, proto: str) -> None:
+    """At most 256 bytes of extension headers (LB_NAT6_MAX_L4_OFF = 14 + 40 + 256)."""
+    at_bound = frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["dst"], ext_size=256))
+    assert nat6(harness, at_bound, "D", BACKEND6, 3) == \
+        f"OK {expect_nat6(at_bound, proto, 'D', BACKEND6, 3).hex()}"
+    beyond = [frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["hbh", "dst"],
+                                  ext_size=136)),
+              frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["dst"], ext_size=256),
+                       vlan=True)]
+    for frame in beyond:
+        assert nat6(harness, frame, "D", BACKEND6, 3) == "ERR not_applicable ok"
+        assert harness.ask(f"f {frame.hex()}") == "OK 0"
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_nat6_every_truncation_is_refused(harness: Harness, proto: str) -> None:
+    frames = [frame_of(l4_packet6(proto, CLIENT6, VIP6, 1000, 80, b"p" * 9)),
+              frame_of(l4_packet6(proto, CLIENT6, VIP6, 1000, 80, b"", ext=["hbh"]),
+                       vlan=True)]
+    for frame in frames:
+        for cut in range(len(frame)):
+            assert nat6(harness, frame[:cut], "S", SNAT6, 9).startswith("ERR "), cut
+        assert nat6(harness, frame, "S", SNAT6, 9).startswith("OK ")
+
+
+def test_nat6_header_that_contradicts_the_parse_is_refused(harness: Harness) -> None:
+    raw = bytearray(frame_of(l4_packet6("tcp", CLIENT6, VIP6, 1, 2, b"")))
+    struct.pack_into("!H", raw, 14 + 4, 10)  # payload shorter than the TCP checksum's end
+    assert nat6(harness, bytes(raw), "D", BACKEND6, 3).startswith("ERR ")
+
+
+@pytest.mark.parametrize(("flags", "want"), [("S", 2), ("SA", 18), ("R", 4), ("FA", 17)])
+def test_tcp_flags6(harness: Harness, flags: str, want: int) -> None:
+    for ext in ([], ["hbh", "dst"]):
+        frame = frame_of(l4_packet6("tcp", CLIENT6, VIP6, 1, 2, b"", ext=ext, flags=flags))
+        assert harness.ask(f"f {frame.hex()}") == f"OK {want}"
+    udp = frame_of(l4_packet6("udp", CLIENT6, VIP6, 1, 2, b"\x12" * 20))
+    assert harness.ask(f"f {udp.hex()}") == "OK 0"
+    v4 = frame_of(l4_packet("tcp", CLIENT, VIP, 1, 2, b""))
+    assert harness.ask(f"f {v4.hex()}") == "OK 0"
+
+
+def key6(saddr: str, daddr: str, sport: int, dport: int) -> str:
+    return f"{a6(saddr)} {a6(daddr)} {sport} {dport}"
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_conn6_translate(harness: Harness, proto: str) -> None:
+    """lb_conn6_translate: the packet leaves as its entry's peer reversed."""
+    orig = key6(CLIENT6, VIP6, 40000, 443)
+    to_vip = frame_of(l4_packet6(proto, CLIENT6, VIP6, 40000, 443, b"hi", ext=["hbh"]))
+    # Original direction, no SNAT: the destination only.
+    peer = key6(BACKEND6, CLIENT6, 8443, 40000)
+    want = expect_nat6(to_vip, proto, "D", BACKEND6, 8443)
+    assert harness.ask(f"t {orig} {peer} {to_vip.hex()}") == f"OK {want.hex()}"
+    # With SNAT: both.
+    peer = key6(BACKEND6, SNAT6, 8443, 20001)
+    want = expect_nat6(expect_nat6(to_vip, proto, "D", BACKEND6, 8443), proto, "S", SNAT6, 20001)
+    assert harness.ask(f"t {orig} {peer} {to_vip.hex()}") == f"OK {want.hex()}"
+    # The reply: the source only.
+    reply = frame_of(l4_packet6(proto, BACKEND6, CLIENT6, 8443, 40000, b"ho"))
+    want = expect_nat6(reply, proto, "S", VIP6, 443)
+    assert harness.ask(f"t {key6(BACKEND6, CLIENT6, 8443, 40000)} {orig} {reply.hex()}") == \
+        f"OK {want.hex()}"
+    # Nothing changes: nothing written.
+    assert harness.ask(f"t {orig} {key6(VIP6, CLIENT6, 443, 40000)} {to_vip.hex()}") == \
+        f"OK {to_vip.hex()}"
+    # A fragment is refused whatever the keys say.
+    frag = frame_of(IPv6(src=CLIENT6, dst=VIP6) / IPv6ExtHdrFragment(nh=6, m=1) / Raw(b"\0" * 24))
+    assert harness.ask(f"t {orig} {peer} {frag.hex()}").startswith("ERR not_applicable")
+
+
+ICMP6 = {1: ICMPv6DestUnreach, 2: ICMPv6PacketTooBig, 3: ICMPv6TimeExceeded,
+         4: ICMPv6ParamProblem}
+ICMP6_TYPES = [(1, 0), (1, 3), (1, 4), (2, 0), (3, 0), (3, 1), (4, 0)]
+
+
+def icmp6_case(proto: str, mode: str, itype: int, code: int, quote: int | str, *,
+               outer_rewrite: bool = True, udp_zero: bool = False,
+               payload: bytes = b"some payload!", extra: bytes = b"", vlan: bool = False,
+               outer_ext: bool = False, pad: int = 0, snat: bool = False,
+               ) -> tuple[str, bytes, bytes, Packet, int]:
+    """icmp_case for IPv6: (x request, frame, expected frame, quoted packet, l4 quoted).
+
+    dnat: CLIENT6 -> VIP6:443 went on to BACKEND6:8443 (with snat=True from
+    SNAT6:20001); the error goes back to the sender: the quote becomes the
+    client's packet again, the outer source VIP6 (destination CLIENT6).
+    snat: BACKEND6:8443 -> CLIENT6 left as VIP6:443 -> CLIENT6; the error comes
+    to VIP6: the quoted source and the outer destination become BACKEND6's.
+    """
+    kw = {"udp_zero": udp_zero}
+    if mode == "dnat":
+        orig = l4_packet6(proto, CLIENT6, VIP6, 40000, 443, payload, **kw)
+        src, sport = (SNAT6, 20001) if snat else (CLIENT6, 40000)
+        wire = l4_packet6(proto, src, BACKEND6, sport, 8443, payload, **kw)
+        outer = (ROUTER6, src)
+        want_outer = (VIP6, CLIENT6 if snat else src) if outer_rewrite else outer
+        req = ("D", VIP6, 443, VIP6 if outer_rewrite else "-")
+    else:
+        orig = l4_packet6(proto, BACKEND6, CLIENT6, 8443, 40000, payload, **kw)
+        wire = l4_packet6(proto, VIP6, CLIENT6, 443, 40000, payload, **kw)
+        outer = (ROUTER6, VIP6)
+        want_outer = (ROUTER6, BACKEND6) if outer_rewrite else outer
+        req = ("S", BACKEND6, 8443, BACKEND6 if outer_rewrite else "-")
+    wire_b, orig_b = bytes(wire), bytes(orig)
+    qlen = len(wire_b) if quote == "whole" else 40 + quote if isinstance(
+        quote, int) else int(quote[1:])  # "=N": N bytes of the packet, any cut
+    qlen = min(qlen, len(wire_b))
+    quoted_orig = bytearray(orig_b[:qlen])
+    l4q = qlen - 40
+    if proto == "tcp" and 16 < l4q < 18:
+        quoted_orig[40 + 16] = wire_b[40 + 16]  # half a checksum: left as it is
+
+    def build(src: str, dst: str, quoted: bytes) -> bytes:
+        icmp = ICMP6[itype](code=code)
+        if itype == 2:
+            icmp.mtu = 1280
+        if itype == 4:
+            icmp.ptr = 7
+        ip: Packet = IPv6(src=src, dst=dst, hlim=61)
+        if outer_ext:
+            ip = ip / ext_header("hbh")
+        return frame_of(ip / icmp / Raw(quoted + extra), vlan=vlan, pad=pad)
+    frame = build(*outer, wire_b[:qlen])
+    want = build(*want_outer, bytes(quoted_orig))
+    outer_field = req[3] if req[3] == "-" else a6(req[3])
+    line = f"x {req[0]} {a6(req[1])} {req[2]} {outer_field} {frame.hex()}"
+    if l4q >= len(wire_b) - 40 and extra:
+        l4q = len(wire_b) - 40
+    return line, frame, want, wire, l4q
+
+
+@pytest.mark.parametrize(("itype", "code"), ICMP6_TYPES)
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("mode", ["dnat", "snat"])
+@pytest.mark.parametrize("quote", [8, 17, 18, 20, "whole"])
+def test_icmp6_error_translated(harness: Harness, itype: int, code: int, proto: str, mode: str,
+                                quote: int | str) -> None:
+    line, frame, want, wire, l4q = icmp6_case(proto, mode, itype, code, quote)
+    assert harness.ask(line) == f"OK {want.hex()}"
+    info = harness.ask(f"i {frame.hex()}").split()
+    l4 = wire[L4[proto]]
+    assert info == ["OK", str(itype), str(code), "6" if proto == "tcp" else "17",
+                    a6(wire.src), a6(wire.dst), str(l4.sport), str(l4.dport), "14", "54", "62",
+                    "102", str(l4q)]
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("variant", ["outer_ext", "vlan", "no_outer", "udp_zero", "linux1232",
+                                     "extension", "padding"])
+@pytest.mark.parametrize("mode", ["dnat", "snat"])
+def test_icmp6_error_variants(harness: Harness, proto: str, variant: str, mode: str) -> None:
+    kw: dict = {}
+    quote: int | str = "whole"
+    if variant in ("outer_ext", "vlan", "udp_zero"):
+        kw[variant] = True
+    elif variant == "no_outer":
+        kw["outer_rewrite"] = False
+    elif variant == "linux1232":
+        # RFC 4443 2.4(c): as much as fits in the minimum MTU, 1280 - 40 - 8.
+        kw["payload"] = bytes(range(256)) * 6
+        quote = "=1232"
+    elif variant == "extension":
+        kw["extra"] = bytes.fromhex("2000a5a5") + b"\xde\xad" * 10
+    elif variant == "padding":
+        quote, kw["pad"] = 8, 40
+    line, frame, want, _wire, l4q = icmp6_case(proto, mode, 1, 4, quote, **kw)
+    assert harness.ask(line) == f"OK {want.hex()}"
+    info = harness.ask(f"i {frame.hex()}").split()
+    assert info[0] == "OK" and info[-1] == str(l4q), (info, l4q)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("mode", ["dnat", "snat", "dnat+snat"])
+def test_conn6_icmp_translate(harness: Harness, proto: str, mode: str) -> None:
+    """lb_conn6_icmp_key + lb_conn6_icmp_translate against the entries' keys."""
+    _line, frame, want, wire, _l4q = icmp6_case(proto, mode.split("+")[0], 3, 0, "whole",
+                                                snat="+" in mode)
+    l4 = wire[L4[proto]]
+    # The entry found under the quote reversed names orig: the packet as sent.
+    orig = (key6(CLIENT6, VIP6, 40000, 443) if mode.startswith("dnat")
+            else key6(BACKEND6, CLIENT6, 8443, 40000))
+    assert harness.ask(f"y {orig} {frame.hex()}") == f"OK {want.hex()}"
+    # An orig equal to the quote: nothing to restore, nothing written.
+    same = key6(wire.src, wire.dst, l4.sport, l4.dport)
+    assert harness.ask(f"y {same} {frame.hex()}") == f"OK {frame.hex()}"
+
+
+@SETTINGS
+@given(proto=st.sampled_from(["tcp", "udp"]), mode=st.sampled_from(["dnat", "snat"]),
+       tc=st.sampled_from(ICMP6_TYPES), payload=st.binary(max_size=80),
+       cut=st.integers(min_value=8, max_value=200), udp_zero=st.booleans(),
+       outer_rewrite=st.booleans(), outer_ext=st.booleans())
+def test_icmp6_error_random(harness: Harness, proto: str, mode: str, tc: tuple[int, int],
+                            payload: bytes, cut: int, udp_zero: bool, outer_rewrite: bool,
+                            outer_ext: bool) -> None:
+    line, _frame, want, _wire, _l4q = icmp6_case(
+        proto, mode, tc[0], tc[1], cut, payload=payload, udp_zero=udp_zero,
+        outer_rewrite=outer_rewrite, outer_ext=outer_ext)
+    assert harness.ask(line) == f"OK {want.hex()}"
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_icmp6_truncated_quotes_are_refused(harness: Harness, proto: str) -> None:
+    for quote in [0, 4, 7]:  # short of the ports
+        line, frame, _w, _p, _q = icmp6_case(proto, "dnat", 1, 4, quote)
+        assert harness.ask(line) == "ERR malformed", quote
+        assert harness.ask(f"i {frame.hex()}") == "ERR malformed unsupported_l4"
+    for cut in [0, 10, 39]:  # the quoted IPv6 header cut
+        line, _f, _w, _p, _q = icmp6_case(proto, "dnat", 3, 0, f"={cut}")
+        assert harness.ask(line) == "ERR malformed", cut
+    for quote in [8, "whole"]:
+        line, frame, _w, _p, _q = icmp6_case(proto, "snat", 2, 0, quote, outer_ext=True)
+        head = line[: len(line) - len(frame.hex())]
+        for cut in range(len(frame)):
+            assert harness.ask(head + frame[:cut].hex()).startswith("ERR "), cut
+            assert harness.ask(f"i {frame[:cut].hex()}").startswith("ERR "), cut
+
+
+def test_icmp6_messages_nat_leaves_alone(harness: Harness) -> None:
+    tcp = l4_packet6("tcp", CLIENT6, BACKEND6, 1, 2, b"")
+    inner_ext = l4_packet6("tcp", CLIENT6, BACKEND6, 1, 2, b"", ext=["dst"])
+    head = IPv6(src=ROUTER6, dst=CLIENT6)
+    big = [ext_header("dst", 256), ext_header("hbh", 8)]
+    cases = {
+        "echo request": head / ICMPv6EchoRequest() / b"ping",
+        "neighbor solicitation": head / ICMPv6ND_NS(tgt=CLIENT6),
+        "quotes ICMPv6": head / ICMPv6DestUnreach() / bytes(
+            IPv6(src=CLIENT6, dst=BACKEND6) / ICMPv6EchoRequest() / b"12345678"),
+        "quotes an extension header": head / ICMPv6TimeExceeded() / bytes(inner_ext),
+        "fragmented error": head / IPv6ExtHdrFragment(nh=58, m=1) / ICMPv6DestUnreach()
+        / bytes(tcp),
+        "beyond the bound": head / big[1] / big[0] / ICMPv6DestUnreach() / bytes(tcp),
+        "TCP, not ICMPv6": tcp,
+        "ICMPv4": IP(src=ROUTER, dst=CLIENT) / ICMP(type=3) / bytes(
+            l4_packet("tcp", CLIENT, BACKEND, 1, 2, b"")),
+    }
+    for name, pkt in cases.items():
+        frame = frame_of(pkt)
+        assert harness.ask(f"x D {a6(VIP6)} 1 {a6(VIP6)} {frame.hex()}") == \
+            "ERR not_applicable", name
+        assert harness.ask(f"i {frame.hex()}").startswith("ERR not_applicable"), name
+
+
+@SETTINGS
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1),
+       kind=st.sampled_from(["n", "x", "t", "y", "f"]), flips=st.integers(min_value=1, max_value=6))
+def test_nat6_corrupted_frames_never_escape(harness: Harness, seed: int, kind: str,
+                                            flips: int) -> None:
+    rng = random.Random(seed)
+    if kind in "ntf":
+        frame = frame_of(l4_packet6(rng.choice(["tcp", "udp"]), CLIENT6, VIP6, 1, 2,
+                                    rng.randbytes(rng.randrange(20)),
+                                    ext=rng.choice([[], ["hbh"], ["dst", "hbh"]])))
+    else:
+        _l, frame, *_ = icmp6_case(rng.choice(["tcp", "udp"]), "dnat", 1, 4,
+                                   rng.choice([8, 20, "whole"]), outer_ext=rng.random() < 0.5)
+    raw = bytearray(frame)
+    for _ in range(flips):
+        raw[rng.randrange(min(len(raw), 140))] = rng.randrange(256)
+    raw = raw[: rng.randrange(len(raw) // 2, len(raw) + 1)]
+    args = {"n": f"D {a6(VIP6)} 7", "x": f"D {a6(VIP6)} 7 {a6(VIP6)}", "f": "",
+            "t": f"{key6(CLIENT6, VIP6, 1, 2)} {key6(BACKEND6, SNAT6, 3, 4)}",
+            "y": key6(CLIENT6, VIP6, 40000, 443)}[kind]
+    answer = harness.ask(f"{kind} {args} {bytes(raw).hex()}".replace("  ", " "))
+    assert answer.startswith(("OK", "ERR")), answer
+
+
 # ---- the BPF build ---------------------------------------------------------------
 
 
@@ -485,10 +931,16 @@ def test_bpf_build_is_loaded_and_agrees(harness: Harness) -> None:
     """Every request above went through the BPF build as well (root only)."""
     if harness.bpf_reason is not None:
         pytest.skip(f"BPF cross-check: {harness.bpf_reason}")
+    before = harness.ask("C").split()
     line, *_ = icmp_case("tcp", "dnat", 3, 4, "whole")
     harness.ask(line)
     frame = frame_of(l4_packet("udp", CLIENT, VIP, 1, 2, b"x"))
     nat(harness, frame, "D", BACKEND, 3)
+    # The IPv6 program too (nat6_xdp).
+    line6, *_ = icmp6_case("udp", "snat", 2, 0, "whole")
+    assert harness.ask(line6).startswith("OK ")
+    frame6 = frame_of(l4_packet6("tcp", CLIENT6, VIP6, 1, 2, b"x", ext=["hbh"]))
+    assert nat6(harness, frame6, "S", SNAT6, 3).startswith("OK ")
     count = harness.ask("C").split()
     print(f"nat_harness: {count[1]} requests, {count[2]} also through BPF")
-    assert count[0] == "COUNT" and int(count[2]) >= 2, count
+    assert count[0] == "COUNT" and int(count[2]) - int(before[2]) == 4, (before, count)

@@ -43,7 +43,7 @@ import pytest
 import zmq
 
 from hpclb.contract.tables import NatConfig, NatDown, Vip, VipMode
-from hpclb.dataplane.client import DataplaneClient
+from hpclb.dataplane.client import DataplaneClient, snat_order
 from hpclb.dataplane.dpdk import (
     DpdkLaunch,
     DpdkPort,
@@ -757,17 +757,17 @@ NOT_UNICAST = [[0, 1, 2, 3], [127, 0, 0, 1], [224, 0, 0, 1], [239, 255, 255, 250
 
 # What a data plane with NAT mode refuses, from its default NAT configuration.
 NAT_BAD: list[tuple[Any, str]] = [
-    # set_vip
-    ({**NAT_VIP, "addr": VIP6_ADDR},
-     "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6"),
+    # set_vip (IPv6 NAT VIPs: NAT6_CASES)
     ({**NAT_VIP, "snat": True}, "field 'snat': no SNAT pool configured (set_nat)"),
     ({**NAT_VIP, "snat": "yes"}, "field 'snat' must be bool, got str"),
     # set_nat: every field's bounds
     ({**SET_NAT, "snat_addrs": "198.51.100.1"}, "field 'snat_addrs' must be an array, got str"),
     ({**SET_NAT, "snat_addrs": [bytes([10, 9, 0, i]) for i in range(1, 18)]},
-     "field 'snat_addrs' has 17 entries, at most 16 allowed"),
-    ({**SET_NAT, "snat_addrs": [POOL[0], VIP6_ADDR]},
-     "field 'snat_addrs[1]' must be bin of 4 bytes (NAT mode is IPv4 only), got 16"),
+     "field 'snat_addrs' has 17 IPv4 entries, at most 16 of each family allowed"),
+    ({**SET_NAT, "snat_addrs": [bytes([10, 9, 0, i]) for i in range(1, 34)]},
+     "field 'snat_addrs' has 33 entries, at most 32 allowed (16 of each family)"),
+    ({**SET_NAT, "snat_addrs": [POOL[0], bytes(5)]},
+     "field 'snat_addrs[1]' must be bin of 4 (IPv4) or 16 (IPv6) bytes, got 5"),
     ({**SET_NAT, "snat_addrs": ["198.51.100.1"]}, "field 'snat_addrs[0]' must be bin, got str"),
     *[({**SET_NAT, "snat_addrs": [POOL[0], bytes(a)]},
        f"field 'snat_addrs[1]': {'.'.join(map(str, a))} is not a unicast address")
@@ -805,6 +805,78 @@ NAT_BAD: list[tuple[Any, str]] = [
 # A data plane without NAT mode (ops->set_nat NULL) refuses NAT VIPs and
 # set_nat; both planes have it, so proto_selftest.c's test_no_nat (fake ops)
 # covers that path.
+
+# NAT mode for IPv6: (request, the error with "nat6", the error without it).
+POOL6 = [bytes.fromhex("fd00000000000000000000000000000a"),  # fd00::a
+         bytes.fromhex("20010db8000000000000000000000002")]  # 2001:db8::2
+NO_NAT6_VIP = "field 'mode': NAT mode (1) is IPv4 only, this VIP's 'addr' is IPv6"
+NAT6_CASES: list[tuple[Any, str, str]] = [
+    ({**NAT_VIP, "addr": VIP6_ADDR, "snat": True},
+     "field 'snat': no IPv6 SNAT pool configured (set_nat)", NO_NAT6_VIP),
+    ({**SET_NAT, "snat_addrs": [POOL[0]] + [bytes([0xfd, *[0] * 13, 1, i]) for i in range(17)]},
+     "field 'snat_addrs' has 17 IPv6 entries, at most 16 of each family allowed",
+     "field 'snat_addrs[1]' is IPv6: this data plane has no NAT mode for IPv6 (no \"nat6\" "
+     "capability)"),
+    *[({**SET_NAT, "snat_addrs": [POOL6[0], POOL[0], bytes.fromhex(a)]},
+       f"field 'snat_addrs[2]': {text} is not a unicast address (::, ::1, ff00::/8, fe80::/10 "
+       "and ::ffff:0:0/96 are refused)", "field 'snat_addrs[0]' is IPv6")
+      for a, text in (("00" * 16, "::"), ("00" * 15 + "01", "::1"),
+                      ("ff02" + "00" * 13 + "01", "ff02::1"),
+                      ("fe80" + "00" * 13 + "01", "fe80::1"),
+                      ("00" * 10 + "ffffc0000201", "::ffff:192.0.2.1"))],
+    ({**SET_NAT, "snat_addrs": [POOL6[0], POOL[0], POOL6[1], POOL6[0]]},
+     "field 'snat_addrs[3]': fd00::a appears twice (also snat_addrs[0])",
+     "field 'snat_addrs[0]' is IPv6"),
+    # the IPv4 pool's faults come first
+    ({**SET_NAT, "snat_addrs": [POOL6[0], POOL6[0], bytes([127, 0, 0, 1])]},
+     "field 'snat_addrs[2]': 127.0.0.1 is not a unicast address", "field 'snat_addrs[0]' is IPv6"),
+]
+
+
+def has_nat6(c: Client) -> bool:
+    return "nat6" in c.call("hello")["capabilities"]
+
+
+@needs_root
+@pytest.mark.parametrize(("request_", "with_nat6", "without"), NAT6_CASES,
+                         ids=[f"nat6_bad{i}" for i in range(len(NAT6_CASES))])
+def test_rejected_nat6(configured: Client, daemon: Daemon, request_: Any, with_nat6: str,
+                       without: str) -> None:
+    """Refused by a data plane with NAT mode for IPv6 as PROTOCOL.md says, and
+    by one without it as having none (checked either way, not skipped)."""
+    nat_or_skip(configured)
+    assert_rejected(configured, daemon, request_,
+                    with_nat6 if has_nat6(configured) else without)
+
+
+@needs_root
+def test_nat6_round_trip(configured: Client, daemon: Daemon) -> None:
+    """A mixed pool is dumped IPv4 first, each family in order, and the dump
+    sent back changes nothing; an IPv6 NAT VIP with snat is stored and
+    dumped as set, and the IPv6 pool cannot be emptied under it. Without
+    "nat6" both are refused and nothing changes."""
+    c = configured
+    nat_or_skip(c)
+    key = {"addr": bytes.fromhex("fd00000000000000000000000000002a"), "port": 80, "proto": 6}
+    vip6 = {"vip_id": 22, **key, "mode": 1, "nat_port": 8080, "snat": True}
+    mixed = [POOL6[1], POOL[0], POOL6[0]]
+    if not has_nat6(c):
+        assert_rejected(c, daemon, {**SET_NAT, "snat_addrs": mixed}, "is IPv6")
+        assert_rejected(c, daemon, {**V, "op": "set_vip", **vip6}, NO_NAT6_VIP)
+        return
+    c.call("set_nat", snat_addrs=mixed)
+    nat = c.call("dump")["nat"]
+    assert nat["snat_addrs"] == [POOL[0], POOL6[1], POOL6[0]]
+    before = snapshot(c)
+    c.call("set_nat", **nat)
+    assert snapshot(c) == before
+    c.call("set_vip", **vip6, slots=ring_bytes([i % NBACKENDS for i in range(RING_SIZE)]))
+    assert {v["vip_id"]: v for v in c.call("dump")["vips"]}[22] == vip6
+    r = c.req({**SET_NAT, "snat_addrs": [POOL[0]]})
+    assert not r["ok"] and "VIP 22 uses SNAT, the IPv6 pool cannot be emptied" in r["error"]
+    c.call("del_vip", **key)
+    c.call("set_nat")
+    assert c.call("dump")["nat"] == NAT_DEFAULT
 
 
 @needs_root
@@ -887,15 +959,18 @@ def test_stats_conns(configured: Client) -> None:
     assert list(conns["by_state"]) == CONN_STATE_NAMES
     values = [conns[k] for k in ("capacity", "entries", "snat_ports_in_use", "expired")]
     assert all(isinstance(v, int) and v >= 0 for v in [*values, *conns["by_state"].values()])
-    assert conns["capacity"] == h["conn_table_size"]
+    # One table per family with "nat6", each of conn_table_size entries.
+    assert conns["capacity"] == h["conn_table_size"] * (2 if "nat6" in h["capabilities"] else 1)
     assert conns["entries"] <= conns["capacity"]
 
 
 @needs_root
 def test_push_with_nat(configured: Client, daemon: Daemon) -> None:
     """client.py and push.py against the real server: a NAT configuration and a
-    SNAT VIP pushed, read back equal by fetch_tables, then taken away again."""
-    nat_or_skip(configured)
+    SNAT VIP pushed, read back equal by fetch_tables, then taken away again.
+    With "nat6" also an IPv6 SNAT VIP, the pool given IPv6 first (read back
+    IPv4 first, and no change for the next push)."""
+    nat6 = "nat6" in nat_or_skip(configured)["capabilities"]
     client = DataplaneClient(daemon.endpoint, timeout_s=10.0)
     try:
         held = fetch_tables(client)
@@ -903,17 +978,24 @@ def test_push_with_nat(configured: Client, daemon: Daemon) -> None:
         desired = fetch_tables(client)
         timeouts = list(desired.nat.timeouts_s)
         timeouts[2] = 7200
-        desired.nat = NatConfig(snat_addrs=(ipaddress.IPv4Address("198.51.100.9"),),
+        pool = ("2001:db8::9",) * nat6 + ("198.51.100.9",)
+        desired.nat = NatConfig(snat_addrs=tuple(ipaddress.ip_address(a) for a in pool),
                                 snat_port_min=30000, snat_port_max=30999,
                                 on_backend_down=NatDown.DROP, timeouts_s=tuple(timeouts))
         snat_vip = Vip(vip_id=21, addr=ipaddress.IPv4Address("10.0.0.21"), port=443, proto=6,
                        mode=VipMode.NAT, nat_port=8443, snat=True)
         desired.vips[21] = snat_vip
         desired.rings[21] = np.full(RING_SIZE, 1, dtype=np.uint32)
+        if nat6:
+            desired.vips[23] = Vip(vip_id=23, addr=ipaddress.IPv6Address("fd00::23"), port=443,
+                                   proto=6, mode=VipMode.NAT, nat_port=8443, snat=True)
+            desired.rings[23] = np.full(RING_SIZE, 2, dtype=np.uint32)
         report = push_tables(client, held, desired)
-        assert report.nat_set and report.vips_set == 1
+        assert report.nat_set and report.vips_set == 1 + nat6
         back = fetch_tables(client)
-        assert back.nat == desired.nat and back.vips == desired.vips
+        assert back.nat.snat_addrs == snat_order(desired.nat.snat_addrs)
+        assert back.nat == dataclasses.replace(desired.nat, snat_addrs=back.nat.snat_addrs)
+        assert back.vips == desired.vips
         assert push_tables(client, back, desired).summary().startswith("nat=same key=same")
         push_tables(client, back, held)  # the VIP goes first, then the pool
         assert fetch_tables(client).nat == NatConfig()
@@ -946,7 +1028,8 @@ TUNNEL_BAD: list[tuple[Any, str]] = [
      "field 'nat_port': only a NAT VIP (mode 1) takes a backend port, field 'mode' is 2"),
     ({**TUNNEL_VIP, "snat": True},
      "field 'snat': only a NAT VIP (mode 1) takes SNAT, field 'mode' is 2"),
-    # the IPv6 NAT rule comes before the tunnel fields' mode rule
+    # the IPv6 NAT rule comes before the tunnel fields' mode rule (a plane with
+    # "nat6" has none: test_rejected_tunnel expects the tunnel field's error there)
     ({**GOOD_VIP, "mode": 1, "addr": VIP6_ADDR, "tunnel_encap": 1},
      "field 'mode': NAT mode (1) is IPv4 only"),
 ]
@@ -958,6 +1041,8 @@ TUNNEL_BAD: list[tuple[Any, str]] = [
 def test_rejected_tunnel(configured: Client, daemon: Daemon, request_: Any, needle: str) -> None:
     if not has_tunnel(configured) and request_["mode"] == 2:
         needle = "mode not supported by this data plane: field 'mode' is 2, only 0 (dsr)"
+    if needle.startswith("field 'mode': NAT mode (1) is IPv4 only") and has_nat6(configured):
+        needle = "field 'tunnel_encap': only a tunnel VIP (mode 2) takes it, field 'mode' is 1"
     assert_rejected(configured, daemon, request_, needle)
 
 

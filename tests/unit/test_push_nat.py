@@ -3,8 +3,10 @@ operations, and dump -> TableSet (Vip.snat, TableSet.nat).
 
 No data plane: ``FakePlane`` is a DataplaneClient whose ``call`` answers from
 tables it keeps, with the protocol server's SNAT rule (PROTOCOL.md, set_vip
-and set_nat): a VIP with ``snat`` needs a SNAT address, and the pool cannot be
-emptied while such a VIP is configured; and its tunnel rules (mode 2 only on
+and set_nat), per family: a VIP with ``snat`` needs a SNAT address of its
+family, and a family's pool cannot be emptied while such a VIP of that family
+is configured; IPv6 NAT VIPs and IPv6 SNAT addresses only with "nat6", the
+pool held and dumped IPv4 first; and its tunnel rules (mode 2 only on
 a plane with tunnel mode, the tunnel fields with mode 2 only, gue_port with
 GUE only, dumped for tunnel VIPs only). Every request goes through the real
 client methods, so what they put on the wire is what the fake checks.
@@ -30,7 +32,7 @@ from hpclb.contract.tables import (
     Vip,
     VipMode,
 )
-from hpclb.dataplane.client import DataplaneClient, DataplaneError
+from hpclb.dataplane.client import DataplaneClient, DataplaneError, snat_order
 from hpclb.dataplane.push import fetch_tables, push_tables
 
 RING_SIZE = 7
@@ -44,9 +46,10 @@ NAT_DEFAULT_WIRE: dict[str, Any] = {
 class FakePlane(DataplaneClient):
     """Tables in wire form, the SNAT rule, and the log of every op."""
 
-    def __init__(self, nat: bool = True, tunnel: bool = True) -> None:
+    def __init__(self, nat: bool = True, tunnel: bool = True, nat6: bool = False) -> None:
         super().__init__("ipc:///nonexistent")
         self.has_nat = nat
+        self.has_nat6 = nat and nat6
         self.has_tunnel = tunnel
         self.ops: list[tuple[str, dict[str, Any]]] = []
         self.hash_key = bytes(16)
@@ -67,13 +70,16 @@ class FakePlane(DataplaneClient):
                 out.append(op)
         return out
 
-    def _snat_vips(self) -> list[int]:
-        return [i for i, v in self.vips.items() if v.get("snat")]
+    def _snat_vips(self, alen: int | None = None) -> list[int]:
+        """SNAT VIPs, of one family (address length 4 or 16) when given."""
+        return [i for i, v in self.vips.items()
+                if v.get("snat") and alen in (None, len(v["addr"]))]
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         self.ops.append((op, fields))
         if op == "hello":
-            caps = ["dsr", "patch_ring"] + ["nat"] * self.has_nat + ["tunnel"] * self.has_tunnel
+            caps = (["dsr", "patch_ring"] + ["nat"] * self.has_nat + ["nat6"] * self.has_nat6
+                    + ["tunnel"] * self.has_tunnel)
             return {"v": 2, "ok": True, "dataplane": "fake", "version": 2,
                     "capabilities": caps}
         if op == "set_config":
@@ -92,11 +98,14 @@ class FakePlane(DataplaneClient):
                 raise DataplaneError("set_vip: field 'snat' must be bool")
             if fields["mode"] == 1 and not self.has_nat:
                 raise DataplaneError("set_vip: mode not supported by this data plane")
+            if fields["mode"] == 1 and len(fields["addr"]) == 16 and not self.has_nat6:
+                raise DataplaneError("set_vip: field 'mode': NAT mode (1) is IPv4 only")
             tunnel = self._tunnel_fields(fields)
             if snat and fields["mode"] != 1:
                 raise DataplaneError("set_vip: field 'snat': only a NAT VIP (mode 1) takes SNAT")
-            if snat and not self.nat["snat_addrs"]:
-                raise DataplaneError("set_vip: field 'snat': no SNAT pool configured (set_nat)")
+            if snat and not any(len(a) == len(fields["addr"]) for a in self.nat["snat_addrs"]):
+                raise DataplaneError("set_vip: field 'snat': no SNAT pool of the VIP's "
+                                     "family configured (set_nat)")
             key = (fields["addr"], fields["port"], fields["proto"])
             for i, v in self.vips.items():
                 if (v["addr"], v["port"], v["proto"]) == key and i != fields["vip_id"]:
@@ -132,10 +141,17 @@ class FakePlane(DataplaneClient):
                 raise DataplaneError("set_nat: op 'set_nat' not supported")
             assert set(fields) == set(NAT_DEFAULT_WIRE), fields
             assert list(fields["timeouts"]) == list(CONN_STATE_NAMES)
-            assert all(isinstance(a, bytes) and len(a) == 4 for a in fields["snat_addrs"])
-            if not fields["snat_addrs"] and self._snat_vips():
-                raise DataplaneError(f"set_nat: field 'snat_addrs': VIP "
-                                     f"{self._snat_vips()[0]} uses SNAT")
+            addrs = fields["snat_addrs"]
+            assert all(isinstance(a, bytes) and len(a) in (4, 16) for a in addrs)
+            # The client sends the pool as the data plane holds it: IPv4 first.
+            assert addrs == sorted(addrs, key=len), addrs
+            if any(len(a) == 16 for a in addrs) and not self.has_nat6:
+                raise DataplaneError("set_nat: field 'snat_addrs[0]' is IPv6: this data "
+                                     "plane has no NAT mode for IPv6")
+            for alen in (4, 16):
+                if not any(len(a) == alen for a in addrs) and self._snat_vips(alen):
+                    raise DataplaneError(f"set_nat: field 'snat_addrs': VIP "
+                                         f"{self._snat_vips(alen)[0]} uses SNAT")
             self.nat = dict(fields)
         elif op == "dump":
             return {"v": 2, "ok": True, "hash_key": self.hash_key, "ring_size": RING_SIZE,
@@ -260,7 +276,7 @@ def test_no_nat_change_no_set_nat() -> None:
 def test_snat_without_a_pool_is_refused_before_any_op() -> None:
     plane = FakePlane()
     with pytest.raises(ValueError, match=r"VIPs \[2\] use SNAT but the NAT configuration has "
-                                         r"no SNAT address"):
+                                         r"no IPv4 SNAT address"):
         push_tables(plane, None, tables([vip(1), vip(2, snat=True)]))
     assert plane.ops == []
 
@@ -318,4 +334,108 @@ def test_random_pushes_never_break_the_snat_rule() -> None:
         push_tables(plane, current if rng.random() < 0.8 else None, desired)
         held = fetch_tables(plane)
         assert held.vips == desired.vips and held.nat == desired.nat
+        current = desired
+
+
+# --- NAT mode for IPv6 ---------------------------------------------------------------
+
+
+def vip6(i: int, snat: bool = False, mode: VipMode = VipMode.NAT) -> Vip:
+    return Vip(vip_id=i, addr=ipaddress.IPv6Address(f"fd00::{i}"), port=80, proto=6,
+               mode=mode, snat=snat)
+
+
+def pool46(*addrs: str) -> NatConfig:
+    return NatConfig(snat_addrs=tuple(ipaddress.ip_address(a) for a in addrs))
+
+
+def test_a_mixed_pool_round_trips_in_the_data_planes_order() -> None:
+    """Families interleaved in the NatConfig: set_nat sends IPv4 first (the
+    fake asserts it), dump reads back the same order, and neither that nor
+    the interleaved original is a change for the next push."""
+    plane = FakePlane(nat6=True)
+    nat = pool46("2001:db8::2", "198.51.100.1", "2001:db8::1", "198.51.100.2")
+    desired = tables([vip(1, snat=True), vip6(2, snat=True), vip6(3)], nat)
+    ops = pushed(plane, None, desired)
+    assert ops.index("set_nat") < ops.index("set_vip 2")
+    assert [ipaddress.ip_address(a) for a in plane.nat["snat_addrs"]] == [
+        ipaddress.ip_address(a) for a in
+        ("198.51.100.1", "198.51.100.2", "2001:db8::2", "2001:db8::1")]
+    held = fetch_tables(plane)
+    assert held.vips == desired.vips and held.vips[2].addr.version == 6
+    assert held.nat.snat_addrs == snat_order(nat.snat_addrs)
+    assert pushed(plane, held, desired) == []
+    assert pushed(plane, desired, desired) == []
+    assert pushed(plane, None, desired) == []
+
+
+def test_snat_needs_a_pool_address_of_the_vips_family() -> None:
+    plane = FakePlane(nat6=True)
+    with pytest.raises(ValueError, match=r"VIPs \[2\] use SNAT but the NAT configuration has "
+                                         r"no IPv6 SNAT address"):
+        push_tables(plane, None, tables([vip(1, snat=True), vip6(2, snat=True)],
+                                        pool46("198.51.100.1")))
+    with pytest.raises(ValueError, match=r"VIPs \[1\] use SNAT but .* no IPv4 SNAT address"):
+        push_tables(plane, None, tables([vip(1, snat=True)], pool46("2001:db8::1")))
+    assert plane.ops == []
+
+
+def test_the_ipv6_pool_is_emptied_after_its_vips_are_gone() -> None:
+    plane = FakePlane(nat6=True)
+    first = tables([vip(1, snat=True), vip6(2, snat=True)],
+                   pool46("198.51.100.1", "2001:db8::1"))
+    push_tables(plane, None, first)
+    ops = pushed(plane, first, tables([vip(1, snat=True)], pool46("198.51.100.1")))
+    assert ops == ["del_vip fd00::2", "set_nat"]
+    assert plane.nat["snat_addrs"] == [ipaddress.IPv4Address("198.51.100.1").packed]
+
+
+def test_ipv6_nat_needs_the_nat6_capability() -> None:
+    """Refused before any change, naming the VIPs, or the IPv6 pool addresses
+    when no IPv6 NAT VIP is to be set."""
+    plane = FakePlane(nat6=False)
+    first = tables([vip(1)])
+    push_tables(plane, None, first)
+    plane.ops.clear()
+    with pytest.raises(DataplaneError, match=r'VIPs \[2\] are IPv6 NAT VIPs: NAT mode for '
+                                             r'IPv6 \(capability "nat6"\), which the fake data '
+                                             r"plane lacks \(its capabilities: dsr, patch_ring, "
+                                             r"nat, tunnel\)"):
+        push_tables(plane, first, tables([vip(1), vip6(2)]))
+    with pytest.raises(DataplaneError, match=r"the NAT configuration's IPv6 SNAT addresses "
+                                             r"\(2001:db8::1\) need it: NAT mode for IPv6"):
+        push_tables(plane, first, tables([vip(1)], pool46("198.51.100.1", "2001:db8::1")))
+    assert plane.log() == ["hello", "hello"]
+    # IPv6 DSR VIPs and an IPv4 pool ask nothing of it.
+    plane.ops.clear()
+    push_tables(plane, first, tables([vip(1, snat=True), vip6(2, mode=VipMode.DSR)],
+                                     pool46("198.51.100.1")))
+    assert "hello" not in plane.log()
+
+
+def test_random_mixed_pushes_never_break_the_per_family_snat_rule() -> None:
+    """As test_random_pushes_never_break_the_snat_rule, both families: pools
+    of either or both, IPv4 and IPv6 NAT VIPs with and without snat."""
+    rng = random.Random(20261203)
+    plane = FakePlane(nat6=True)
+    choices = ["198.51.100.1", "198.51.100.2", "2001:db8::1", "2001:db8::2", "fd00:5::9"]
+    current: TableSet | None = None
+    for _ in range(300):
+        nat = pool46(*rng.sample(choices, rng.randrange(0, 5)))
+        families = {a.version for a in nat.snat_addrs}
+        vips = []
+        for i in rng.sample(range(1, 8), rng.randrange(0, 5)):
+            v6 = rng.random() < 0.5
+            snat = (6 if v6 else 4) in families and rng.random() < 0.5
+            addr = (ipaddress.IPv6Address(f"fd00::{rng.randrange(1, 5)}") if v6 else
+                    ipaddress.IPv4Address(f"10.0.0.{rng.randrange(1, 5)}"))
+            mode = VipMode.NAT if snat or rng.random() < 0.7 else VipMode.DSR
+            vips.append(Vip(vip_id=i, addr=addr, port=80, proto=6, mode=mode, snat=snat))
+        if len({v.key for v in vips}) != len(vips):
+            continue
+        desired = tables(vips, nat)
+        push_tables(plane, current if rng.random() < 0.8 else None, desired)
+        held = fetch_tables(plane)
+        assert held.vips == desired.vips
+        assert held.nat.snat_addrs == snat_order(nat.snat_addrs)
         current = desired

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -40,6 +41,9 @@ def netns() -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
+        # Pins a daemon killed on purpose (or a failed test) left behind:
+        # a preallocated connection table holds ~150 MiB.
+        shutil.rmtree(f"/sys/fs/bpf/hpclb/test-{name}", ignore_errors=True)
 
 
 def ip(netns: str, *args: str) -> str:
@@ -260,7 +264,14 @@ def test_pinned_maps_adopted_and_a_previous_layout_replaced(netns: str, tmp_path
     conn_map = _bpftool_show(pins / "conn_map")
     assert (conn_map["bytes_key"], conn_map["bytes_value"]) == (16, 40)
     assert _bpftool_show(pins / "conn_fifo")["max_entries"] == conn_map["max_entries"]
-    assert _bpftool_show(pins / "nat_config_map")["bytes_value"] == 108
+    assert _bpftool_show(pins / "nat_config_map")["bytes_value"] == 368
+    # IPv6 NAT: a table of its own, as large, and its FIFO.
+    conn6_map = _bpftool_show(pins / "conn6_map")
+    assert (conn6_map["type"], conn6_map["bytes_key"], conn6_map["bytes_value"]) == ("hash", 40,
+                                                                                   64)
+    assert conn6_map["max_entries"] == conn_map["max_entries"]
+    conn6_fifo = _bpftool_show(pins / "conn6_fifo")
+    assert (conn6_fifo["bytes_value"], conn6_fifo["max_entries"]) == (40, conn_map["max_entries"])
 
     (tmp_path / "2").mkdir()
     second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach",
@@ -452,3 +463,37 @@ def test_ipv6_dsr_and_tunnels_through_the_pinned_program(netns: str, tmp_path: P
     finally:
         prog.close()
         stop_daemon(dataplane)
+
+
+def test_pins_before_ipv6_nat_replaced(netns: str, tmp_path: Path) -> None:
+    """Pins of a daemon before NAT mode for IPv6 (nat_config_map values of
+    108 bytes, no conn6_map, conn6_fifo, nat6_prog, nat6_scratch) are stale
+    as a whole: removed and made afresh, the tables not adopted."""
+    import shutil
+
+    if shutil.which("bpftool") is None:
+        pytest.skip("needs bpftool")
+    ip(netns, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+    ip(netns, "link", "add", "wa", "type", "veth", "peer", "name", "wb")
+    pins = Path(f"/sys/fs/bpf/hpclb/test-{netns}")
+    (tmp_path / "1").mkdir()
+    first = start_daemon(netns, "va", tmp_path / "1", "--egress", "wa", "--no-attach")
+    try:
+        push_tables(first.client, None, base_tables())
+    finally:
+        _kill_hard(first)
+    for name in ("conn6_map", "conn6_fifo", "nat6_prog", "nat6_scratch", "nat_config_map"):
+        (pins / name).unlink()
+    subprocess.run(["bpftool", "map", "create", str(pins / "nat_config_map"), "type", "array",
+                    "key", "4", "value", "108", "entries", "1", "name", "nat_config_map"],
+                   check=True)
+    (tmp_path / "2").mkdir()
+    second = start_daemon(netns, "va", tmp_path / "2", "--egress", "wa", "--no-attach")
+    try:
+        assert not fetch_tables(second.client).vips, "the old layout is not adopted"
+        assert _bpftool_show(pins / "nat_config_map")["bytes_value"] == 368
+        assert _bpftool_show(pins / "conn6_map")["bytes_value"] == 64
+    finally:
+        log = stop_daemon(second)
+    assert "adopted the pinned tables" not in log, log
+    assert "removing stale pins" in log, log

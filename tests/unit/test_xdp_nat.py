@@ -27,11 +27,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+from scapy.layers.inet6 import ICMPv6PacketTooBig, IPerror6, IPv6, IPv6ExtHdrDestOpt, PadN
 from scapy.layers.l2 import Ether
 
 from hpclb.contract.tables import (
+    CONN6_DTYPE,
     CONN_DTYPE,
     CONN_TIMEOUTS_DEFAULT,
+    FLOW_KEY_DTYPE,
     FLOW_KEY_V4_DTYPE,
     IPPROTO_TCP,
     IPPROTO_UDP,
@@ -318,7 +321,8 @@ def test_syn_opens_a_connection_and_the_reply_comes_back(netns: str, tmp_path: P
         assert mac_str(bytes(orig["client_mac"])) == CLIENT_MAC
         assert reply["dir"] == 1
         conns = gw.conns()
-        assert conns["entries"] == 2 and conns["capacity"] == 64
+        # Capacity: both families' tables, --conn-table-size entries each.
+        assert conns["entries"] == 2 and conns["capacity"] == 2 * 64
         assert conns["by_state"]["syn_sent"] == 1
 
         # The backend's SYN-ACK arrives on port 1: back to the client on port 0.
@@ -531,7 +535,7 @@ def test_connections_survive_a_daemon_restart(netns: str, tmp_path: Path) -> Non
         held = fetch_tables(third.client)
         assert held.vips == tables.vips and held.nat == nat
         assert third.entries() == {}
-        assert third.conns()["capacity"] == 128
+        assert third.conns()["capacity"] == 2 * 128
     finally:
         stop(third)
 
@@ -632,3 +636,246 @@ def test_sweeper_removes_orphan_reply_entries(netns: str, tmp_path: Path) -> Non
     finally:
         log = stop(gw)
     assert "removed 1 orphan NAT reply entries" in log, log
+
+
+# ---- IPv6 (conn6_map, lb_xdp_nat6) ---------------------------------------------
+
+CLIENT6 = "fd00:9::1"
+VIP6 = ipaddress.IPv6Address("fd00:18::20")
+SNAT6 = ipaddress.IPv6Address("fd00:18::250")
+
+
+def backend6(bid: int) -> str:
+    return f"fd00::{10 + bid:x}"
+
+
+def nat6_tables(*, snat: bool = False, nat: NatConfig | None = None) -> TableSet:
+    """nat_tables' IPv6 twin: a TCP and a UDP NAT VIP on IPv6 backend 3
+    (port 1), and an IPv4 backend 4 for the family rule."""
+    t = TableSet(hash_key=HASH_KEY, ring_size=RING_SIZE)
+    t.backends[3] = Backend(3, ipaddress.IPv6Address(backend6(3)), BACKEND_MACS[3], port=1)
+    t.backends[4] = Backend(4, ipaddress.IPv4Address("198.18.0.14"), BACKEND_MACS[4], port=1)
+    ring = np.full(RING_SIZE, 3, dtype=np.uint32)
+    t.vips[0] = Vip(0, VIP6, 80, IPPROTO_TCP, mode=VipMode.NAT, nat_port=8080, snat=snat)
+    t.vips[1] = Vip(1, VIP6, 53, IPPROTO_UDP, mode=VipMode.NAT, snat=snat)
+    t.rings = {0: ring, 1: ring.copy()}
+    t.nat = nat or NatConfig(snat_addrs=(SNAT6,) if snat else ())
+    return t
+
+
+def from_client6(sport: int, flags: str = "S", ext: tuple[int, ...] = ()) -> bytes:
+    """ext: a destination-options header of PadN options of those lengths."""
+    l3 = IPv6(src=CLIENT6, dst=str(VIP6))
+    if ext:
+        l3 = l3 / IPv6ExtHdrDestOpt(options=[PadN(optdata=b"\0" * n) for n in ext])
+    return bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01") / l3
+                 / TCP(sport=sport, dport=80, flags=flags, seq=1000) / b"hello")
+
+
+def from_backend6(dst: str, dport: int, flags: str = "SA", sport: int = 8080) -> bytes:
+    return bytes(Ether(src=BACKEND_MACS[3], dst="02:00:00:00:00:02")
+                 / IPv6(src=backend6(3), dst=dst)
+                 / TCP(sport=sport, dport=dport, flags=flags, seq=5000, ack=1001) / b"world")
+
+
+def assert_checksums6(frame: bytes) -> Ether:
+    """The L4 checksum of an IPv6 TCP/UDP frame, or the ICMPv6 checksum of
+    an error and the L4 checksum of the packet it quotes (whole), are right."""
+    pkt = Ether(frame)
+    fixed = pkt.copy()
+    l4 = fixed[IPv6].payload
+    while isinstance(l4, IPv6ExtHdrDestOpt):
+        l4 = l4.payload
+    if isinstance(l4, ICMPv6PacketTooBig):
+        del l4.cksum
+    else:
+        del l4.chksum
+    assert bytes(Ether(bytes(fixed))) == frame, "checksums recomputed differ"
+    if ICMPv6PacketTooBig in pkt:
+        quote = bytes(pkt[ICMPv6PacketTooBig].payload)
+        inner = IPv6(quote)
+        del inner.payload.chksum
+        assert bytes(IPv6(bytes(inner))) == quote, "quoted checksum recomputed differs"
+    return pkt
+
+
+def conn6_key(pkt: Ether) -> tuple:
+    return (pkt[IPv6].src, pkt[IPv6].dst, pkt[IPv6].payload.sport, pkt[IPv6].payload.dport)
+
+
+def entries6(gw: Gateway) -> dict[tuple, np.void]:
+    """conn6_map as bpftool dumps it: {(saddr, daddr, sport, dport, proto): entry}."""
+    out = subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(gw.pins / "conn6_map")],
+                         check=True, capture_output=True, text=True).stdout
+    table = {}
+    for e in json.loads(out):
+        key = np.frombuffer(bytes(int(b, 16) for b in e["key"]), FLOW_KEY_DTYPE)[0]
+        val = np.frombuffer(bytes(int(b, 16) for b in e["value"]), CONN6_DTYPE)[0]
+        assert (int(key["family"]), bytes(key["pad"])) == (6, b"\0\0")
+        table[(str(ipaddress.IPv6Address(bytes(key["saddr"]))),
+               str(ipaddress.IPv6Address(bytes(key["daddr"]))),
+               int(key["sport"]), int(key["dport"]), int(key["proto"]))] = val
+    return table
+
+
+def test_ipv6_connection_both_ways_and_counted(netns: str, tmp_path: Path) -> None:
+    gw = start(netns, tmp_path, "--conn-table-size", "64")
+    try:
+        hello = gw.client.hello()
+        assert "nat6" in hello["capabilities"] and hello["conn_table_size"] == 64
+        push_tables(gw.client, None, nat6_tables())
+        before = gw.counters()
+
+        action, out = gw.run(from_client6(40000))
+        assert action == "redirect"
+        pkt = assert_checksums6(out)
+        assert (pkt.dst, pkt.src) == (BACKEND_MACS[3], gw.port_macs[1])
+        assert conn6_key(pkt) == (CLIENT6, backend6(3), 40000, 8080)
+        assert bytes(pkt[TCP].payload) == b"hello"
+        table = entries6(gw)
+        orig = table[(CLIENT6, str(VIP6), 40000, 80, IPPROTO_TCP)]
+        reply = table[(backend6(3), CLIENT6, 8080, 40000, IPPROTO_TCP)]
+        assert len(table) == 2 and gw.entries() == {}
+        assert (orig["dir"], orig["state"], orig["backend_id"]) == (0, 0, 3)
+        assert reply["dir"] == 1
+        conns = gw.conns()
+        assert conns["entries"] == 2 and conns["capacity"] == 2 * 64
+        assert conns["by_state"]["syn_sent"] == 1
+
+        # The SYN-ACK on port 1: back to the client, from the VIP.
+        action, out = gw.run(from_backend6(CLIENT6, 40000), port=1)
+        assert action == "redirect"
+        pkt = assert_checksums6(out)
+        assert (pkt.dst, pkt.src) == (CLIENT_MAC, gw.port_macs[0])
+        assert conn6_key(pkt) == (str(VIP6), CLIENT6, 80, 40000)
+        assert gw.conns()["by_state"]["syn_recv"] == 1
+        # The ACK, with an extension header (8 bytes of destination
+        # options): a hit, translated behind the header.
+        action, out = gw.run(from_client6(40000, "A", ext=(4,)))
+        assert action == "redirect"
+        pkt = assert_checksums6(out)
+        assert conn6_key(pkt) == (CLIENT6, backend6(3), 40000, 8080)
+        assert gw.conns()["by_state"]["established"] == 1
+
+        # Beyond LB_NAT6_MAX_L4_OFF (310: 256 bytes of extension headers):
+        # the kernel's, untouched, before any lookup, to the VIP or not.
+        long_ext = from_client6(40000, "A", ext=(200, 60))
+        assert len(Ether(long_ext)[IPv6ExtHdrDestOpt]) - len(Ether(long_ext)[TCP]) == 272
+        assert gw.run(long_ext) == ("pass", long_ext)
+        after = gw.counters()
+        moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        assert moved == {"rx": 4, "conn_new": 1, "conn_hit": 1, "conn_reply": 1,
+                         "fwd_redirect": 3, "pass_ext_headers": 1}, moved
+
+        # A frame for no VIP and no connection: the kernel's.
+        stray = from_backend6(CLIENT6, 40001)
+        assert gw.run(stray, port=1) == ("pass", stray)
+        assert gw.counters()["pass_not_vip"] == after["pass_not_vip"] + 1
+    finally:
+        stop(gw)
+
+
+def test_ipv6_snat_icmpv6_and_family_rule(netns: str, tmp_path: Path) -> None:
+    gw = start(netns, tmp_path, "--conn-table-size", "64")
+    try:
+        push_tables(gw.client, None, nat6_tables(snat=True))
+        query = bytes(Ether(src=CLIENT_MAC, dst="02:00:00:00:00:01")
+                      / IPv6(src=CLIENT6, dst=str(VIP6)) / UDP(sport=5353, dport=53) / b"q")
+        action, out = gw.run(query)
+        assert action == "redirect"
+        pkt = assert_checksums6(out)
+        assert pkt[IPv6].src == str(SNAT6) and 1024 <= pkt[UDP].sport <= 65535
+        assert (pkt[IPv6].dst, pkt[UDP].dport) == (backend6(3), 53)
+        sport = pkt[UDP].sport
+        assert gw.conns()["snat_ports_in_use"] == 1
+
+        # Packet too big about that datagram: for the client, from the VIP.
+        icmp = bytes(Ether(src="02:cc:00:00:00:01", dst=gw.port_macs[1])
+                     / IPv6(src="fd00::1", dst=str(SNAT6))
+                     / ICMPv6PacketTooBig(mtu=1280) / bytes(pkt[IPv6]))
+        action, out = gw.run(icmp, port=1)
+        assert action == "redirect"
+        err = assert_checksums6(out)
+        assert (err.dst, err.src) == (CLIENT_MAC, gw.port_macs[0])
+        assert (err[IPv6].src, err[IPv6].dst) == (str(VIP6), CLIENT6)
+        assert (err[IPerror6].src, err[IPerror6].dst) == (CLIENT6, str(VIP6))
+        assert (err[UDPerror].sport, err[UDPerror].dport) == (5353, 53)
+
+        answer = bytes(Ether(src=BACKEND_MACS[3], dst=gw.port_macs[1])
+                       / IPv6(src=backend6(3), dst=str(SNAT6)) / UDP(sport=53, dport=sport)
+                       / b"a")
+        action, out = gw.run(answer, port=1)
+        assert action == "redirect"
+        pkt = assert_checksums6(out)
+        assert conn6_key(pkt) == (str(VIP6), CLIENT6, 53, 5353)
+        counters = gw.counters()
+        assert counters["nat_icmp"] == 1 and counters["conn_reply"] == 1
+        assert gw.conns()["by_state"]["udp_replied"] == 1
+
+        # An ICMPv6 error about nothing known, and an echo request: the
+        # kernel's.
+        stray = bytes(Ether() / IPv6(src="fd00::1", dst=CLIENT6) / ICMPv6PacketTooBig()
+                      / IPerror6(src=CLIENT6, dst="fd00::99") / UDPerror(sport=1, dport=2))
+        assert gw.run(stray, port=1)[0] == "pass"
+        assert gw.counters()["pass_not_vip"] == counters["pass_not_vip"] + 1
+
+        # The ring on the IPv4 backend: no NAT64, drop_no_backend.
+        t = nat6_tables(snat=True)
+        t.rings = {0: np.full(RING_SIZE, 4, dtype=np.uint32),
+                   1: np.full(RING_SIZE, 4, dtype=np.uint32)}
+        push_tables(gw.client, nat6_tables(snat=True), t)
+        assert gw.run(from_client6(41000))[0] == "drop"
+        assert gw.counters()["drop_no_backend"] == counters["drop_no_backend"] + 1
+    finally:
+        stop(gw)
+
+
+def test_ipv6_sweeper_and_both_tables(netns: str, tmp_path: Path) -> None:
+    """The sweeper expires IPv6 connections as IPv4 ones; "conns" sums both
+    tables."""
+    gw = start(netns, tmp_path, "--conn-table-size", "64")
+    try:
+        short = NatConfig(timeouts_s=(1, *CONN_TIMEOUTS_DEFAULT[1:]))  # syn_sent: 1 s
+        t = nat6_tables(nat=short)
+        v4 = nat_tables(nat=short)
+        t.vips[2] = replace(v4.vips[0], vip_id=2)
+        t.backends[5] = replace(v4.backends[3], backend_id=5)
+        t.rings[2] = np.full(RING_SIZE, 5, dtype=np.uint32)
+        push_tables(gw.client, None, t)
+        assert gw.run(from_client6(42000))[0] == "redirect"  # SYN_SENT: 1 s
+        assert gw.run(from_client6(42001, "A"))[0] == "redirect"  # ESTABLISHED
+        assert gw.run(from_client(42002, "A"))[0] == "redirect"  # IPv4, ESTABLISHED
+        conns = gw.conns()
+        assert conns["entries"] == 6 and conns["by_state"]["established"] == 2
+        deadline = time.monotonic() + 10
+        while len(entries6(gw)) > 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert {k[2] for k in entries6(gw)} == {42001, 8080}
+        conns = gw.conns()
+        assert conns["entries"] == 4 and conns["expired"] == 1
+        assert gw.run(from_backend6(CLIENT6, 42000), port=1)[0] == "pass"
+    finally:
+        stop(gw)
+
+
+def test_ipv6_connections_survive_a_daemon_restart(netns: str, tmp_path: Path) -> None:
+    """conn6_map is pinned and adopted like conn_map, and the restarted
+    daemon's lb_xdp reaches its own IPv6 NAT program (nat6_prog refilled)."""
+    first = start(netns, tmp_path / "1", "--conn-table-size", "64")
+    try:
+        push_tables(first.client, None, nat6_tables())
+        assert first.run(from_client6(43000))[0] == "redirect"
+        entries = set(entries6(first))
+    finally:
+        kill_hard(first)
+    second = start(netns, tmp_path / "2", "--conn-table-size", "64")
+    try:
+        log = (tmp_path / "2" / "hpclb-xdp.log").read_text()
+        assert "adopted the pinned tables" in log, log
+        assert set(entries6(second)) == entries and len(entries) == 2
+        action, out = second.run(from_backend6(CLIENT6, 43000), port=1)
+        assert action == "redirect"
+        assert conn6_key(assert_checksums6(out)) == (str(VIP6), CLIENT6, 80, 43000)
+        assert second.conns()["by_state"]["syn_recv"] == 1
+    finally:
+        stop(second)

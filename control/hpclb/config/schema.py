@@ -22,7 +22,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -44,9 +43,9 @@ def loc_path(loc: Loc) -> str:
 
 DEFAULT_TELEMETRY_PORT = 5557
 
-NAT_IPV4_ONLY = (
-    "NAT mode is IPv4 only (its connection table keys are IPv4 5-tuples, lb_conn.h); "
-    "use an IPv4 address"
+NAT_NO_NAT64 = (
+    "NAT mode does not translate between families (no NAT64: a connection's "
+    "addresses, client, VIP, backend and SNAT, are all IPv4 or all IPv6)"
 )
 
 
@@ -363,19 +362,26 @@ class NatDownPolicy(StrEnum):
     DROP = "drop"  # dropped until the backend returns or the connection times out
 
 
-def _nat_family(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
-    if v.version != 4:
-        raise ValueError(NAT_IPV4_ONLY)
-    # The data planes' rule (lb_proto_nat_check): not 0.0.0.0/8, loopback,
-    # multicast or 240.0.0.0/4 (reserved, the broadcast address included).
+def _snat_unicast(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
+    # The data planes' rule (lb_proto_nat_check): IPv4 not 0.0.0.0/8,
+    # loopback, multicast or 240.0.0.0/4 (reserved, the broadcast address
+    # included); IPv6 not ::, ::1, ff00::/8, fe80::/10 (a reply to a
+    # link-local address needs a zone) nor ::ffff:0:0/96 (IPv4-mapped).
+    if isinstance(v, IPv6Address):
+        if v.is_unspecified or v.is_loopback or v.is_multicast or v.is_link_local or (
+                v.ipv4_mapped is not None):
+            raise ValueError(f"{v} is not a unicast address (::, ::1, ff00::/8, fe80::/10 "
+                             "and ::ffff:0:0/96 are refused)")
+        return v
     if v in IPv4Network("0.0.0.0/8") or v.is_multicast or v.is_loopback or v.is_reserved:
         raise ValueError(f"{v} is not a unicast address")
     return v
 
 
-# A SNAT pool address: IPv4 (NAT mode is), unicast.
+# A SNAT pool address: IPv4 or IPv6 (a VIP's connections take one of its
+# family), unicast.
 SnatAddress = Annotated[
-    IPv4Address | IPv6Address, BeforeValidator(_ip_address), AfterValidator(_nat_family)
+    IPv4Address | IPv6Address, BeforeValidator(_ip_address), AfterValidator(_snat_unicast)
 ]
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*")
 
@@ -405,18 +411,25 @@ class PortRange(_Strict):
 
 class SnatConfig(_Strict):
     """Source NAT for the NAT VIPs that ask for it (`snat: true` on the VIP or
-    its pool): each connection takes an address of `addresses` and a port of
-    `ports`; the backends' replies come back to that address."""
+    its pool): each connection takes an address of `addresses` of its VIP's
+    family and a port of `ports`; the backends' replies come back to that
+    address. IPv4 and IPv6 addresses may be mixed, at most
+    tables.MAX_SNAT_ADDRS of each family."""
 
-    addresses: list[SnatAddress] = Field(min_length=1, max_length=tables.MAX_SNAT_ADDRS)
+    addresses: list[SnatAddress] = Field(min_length=1, max_length=2 * tables.MAX_SNAT_ADDRS)
     ports: PortRange = Field(default_factory=PortRange)
 
     @field_validator("addresses")
     @classmethod
-    def _distinct(cls, v: list[IPv4Address]) -> list[IPv4Address]:
+    def _distinct(cls, v: list[IPv4Address | IPv6Address]) -> list[IPv4Address | IPv6Address]:
         twice = sorted({str(a) for i, a in enumerate(v) if a in v[:i]})
         if twice:
             raise ValueError(f"listed twice: {', '.join(twice)}")
+        for family in (4, 6):
+            n = sum(a.version == family for a in v)
+            if n > tables.MAX_SNAT_ADDRS:
+                raise ValueError(f"{n} IPv{family} addresses: at most "
+                                 f"{tables.MAX_SNAT_ADDRS} of each family")
         return v
 
 
@@ -470,7 +483,6 @@ class NatConfig(_Strict):
 
 class VipConfig(_Strict):
     name: Name
-    # Declared before the address, whose check reads it (NAT is IPv4 only).
     mode: ForwardingMode = ForwardingMode.DSR
     address: Annotated[IPv4Address | IPv6Address, BeforeValidator(_ip_address)]
     port: int = Field(strict=True, ge=1, le=65535)
@@ -481,14 +493,6 @@ class VipConfig(_Strict):
     snat: bool | None = None
     # Tunnel mode only; wins over the pool's `tunnel:` block, whole.
     tunnel: TunnelConfig | None = None
-
-    @field_validator("address")
-    @classmethod
-    def _family(cls, v: IPv4Address | IPv6Address,
-                info: ValidationInfo) -> IPv4Address | IPv6Address:
-        if v.version != 4 and info.data.get("mode") is ForwardingMode.NAT:
-            raise ValueError(NAT_IPV4_ONLY)
-        return v
 
     @model_validator(mode="after")
     def _mode_fields(self) -> VipConfig:
@@ -629,10 +633,16 @@ class HpclbConfig(_Strict):
                          f"{vip.pool!r} has {shown} on the ingress interface "
                          f"{interfaces.ingress} (no `via`): give each a `via:` of "
                          f"appliance.interfaces.egress ({', '.join(interfaces.egress)})"))
-            if self.vip_snat(vip) and self.nat.snat is None:
+            if self.vip_snat(vip):
                 loc: Loc = ("vips", i, "snat") if vip.snat else ("pools", vip.pool, "snat")
-                add((loc, f"SNAT for VIP {vip.name!r} needs addresses: add "
-                          "nat.snat.addresses"))
+                family = vip.address.version
+                if self.nat.snat is None:
+                    add((loc, f"SNAT for VIP {vip.name!r} needs addresses: add "
+                              "nat.snat.addresses"))
+                elif not any(a.version == family for a in self.nat.snat.addresses):
+                    add((loc, f"SNAT for IPv{family} VIP {vip.name!r} needs an IPv{family} "
+                              "address: add one to nat.snat.addresses (a connection takes a "
+                              "SNAT address of its VIP's family)"))
         for name, i in dsr_users.items():
             pool = self.pools[name]
             for key, given in (("backend_port", pool.backend_port is not None),
@@ -660,7 +670,7 @@ class HpclbConfig(_Strict):
     def _check_families(self, add: Callable[[tuple[Loc, str]], None]) -> None:
         """Which family each mode's backends take (the data planes' rules):
         a DSR VIP's backends are of the VIP's family (DSR only rewrites MACs:
-        the backend holds the VIP); NAT is IPv4 only; a tunnel VIP's backends
+        the backend holds the VIP); so are a NAT VIP's (no NAT64); a tunnel VIP's backends
         are of its tunnel source's family (the outer headers'), and an IPv6
         VIP is never tunnelled over IPv4. A pool serves tunnel VIPs only or
         none: a backend has one MAC in the tables, the next hop's for a
@@ -684,9 +694,11 @@ class HpclbConfig(_Strict):
                 continue
             for j, b in enumerate(pool.backends):
                 loc: Loc = ("pools", vip.pool, "backends", j, "address")
-                if vip.mode is ForwardingMode.NAT and b.address.version != 4:
-                    once(loc, f"{NAT_IPV4_ONLY} (backend {b.name!r} of pool {vip.pool!r}, "
-                              f"which NAT VIP {vip.name!r} uses)")
+                if vip.mode is ForwardingMode.NAT and b.address.version != vip.address.version:
+                    once(loc, f"backend {b.name!r} is IPv{b.address.version} and NAT VIP "
+                              f"{vip.name!r} ({vip.address}) IPv{vip.address.version}: "
+                              f"{NAT_NO_NAT64}; give pool {vip.pool!r} "
+                              f"IPv{vip.address.version} backends")
                 elif vip.mode is ForwardingMode.DSR and b.address.version != vip.address.version:
                     once(loc, f"backend {b.name!r} is IPv{b.address.version} and DSR VIP "
                               f"{vip.name!r} ({vip.address}) IPv{vip.address.version}: DSR "

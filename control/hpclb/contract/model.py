@@ -23,15 +23,21 @@ packet (``encap.py``, the port of ``lb_encap.h``), counted ``tunnel_encap``;
 a pair it cannot encapsulate (IPv6 in IPv4, a tunnel source of another
 family than the backend's) is dropped as ``drop_encap``.
 
-NAT mode (a VIP with ``VipMode.NAT``, IPv4 only) is the stateful gateway of
-``dataplane/common/lb_conn.h``, whose header comment is its specification;
-the packet rewrites are ``lb_nat.h``'s, ported here byte for byte (RFC 1624
+NAT mode (a VIP with ``VipMode.NAT``, of either family) is the stateful
+gateway of ``dataplane/common/lb_conn.h``, whose header comment is its
+specification; the packet rewrites are ``lb_nat.h``'s and ``lb_nat6.h``'s,
+ported operation for operation in ``nat.py`` and ``nat6.py`` (RFC 1624
 incremental checksum updates, never a recomputation: a wrong incoming
-checksum stays exactly as wrong, a UDP checksum of 0 stays 0). The
-connection table is a dict of entries keyed by 5-tuple, two per connection,
-with the capacity a data plane's ``--conn-table-size`` gives it. Time plays
-no part: the idle timeouts are a sweep outside the fast path, which the
-model does not run (``expire`` removes a connection as the sweep would).
+checksum stays exactly as wrong, a UDP checksum of 0 stays 0, in IPv6 too).
+Each family has a connection table of its own, a dict of entries keyed by
+5-tuple (two per connection; IPv4 addresses as host ints, IPv6 ones as
+their packed bytes), with the capacity a data plane's ``--conn-table-size``
+gives each table and an embryonic FIFO of its own. An IPv6 NAT VIP takes
+IPv6 backends and the IPv6 SNAT pool only (no NAT64); a NAT packet whose
+L4 header starts more than 256 bytes of extension headers into the packet
+(``nat6.NAT6_MAX_L4_OFF``) passes as ``pass_ext_headers``. Time plays no
+part: the idle timeouts are a sweep outside the fast path, which the model
+does not run (``expire`` removes a connection as the sweep would).
 """
 
 from __future__ import annotations
@@ -40,11 +46,44 @@ import collections
 import ipaddress
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpclb.contract.encap import encap_headers, encap_prepare, inner_tos
 from hpclb.contract.flowhash import flow_hash, probe_slot
-from hpclb.contract.parse import ParseVerdict, parse_ipv6
+from hpclb.contract.nat import (
+    CONN_ORIG,
+    CONN_REPLY,
+    EMBRYONIC,
+    IP_MF,
+    IP_OFFSET,
+    ConnEntry,
+    ConnKey,
+    FlowKey6,
+    FlowTuple,
+    IcmpQuote,
+    conn_icmp_key,
+    conn_icmp_translate,
+    conn_next_state,
+    conn_open_state,
+    conn_translate,
+    csum_fold,
+    icmp_parse,
+    snat_addr_index,
+    snat_candidate,
+    tcp_flags_of,
+)
+from hpclb.contract.nat6 import (
+    NAT6_MAX_L4_OFF,
+    Icmp6Quote,
+    conn6_icmp_key,
+    conn6_icmp_translate,
+    conn6_translate,
+    icmp6_parse,
+    tcp_flags6,
+)
+from hpclb.contract.parse import Parsed6, ParseVerdict, parse_ipv6
 from hpclb.contract.tables import (
     CONN_EVICT_TRIES,
     CONN_F_SNAT,
@@ -71,12 +110,9 @@ ETH_P_ARP = 0x0806
 ETH_P_IPV6 = 0x86DD
 ARP_REQUEST_HEAD = bytes.fromhex("0001080006040001")  # Ethernet/IPv4, hlen 6, plen 4, request
 ARP_LEN = 28
-IP_MF = 0x2000
-IP_OFFSET = 0x1FFF
 IPPROTO_ICMP = 1
 IPPROTO_ICMPV6 = 58
 
-FlowTuple = tuple[int, int, int, int, int]  # saddr, daddr, sport, dport, proto (host ints)
 #: A DSR/tunnel flow-table key: an IPv4 flow's addresses as host ints (a
 #: FlowTuple), an IPv6 flow's as their 16 packed bytes.
 FlowKey = tuple[int | bytes, int | bytes, int, int, int]
@@ -111,92 +147,6 @@ class Verdict:
     events: tuple[str, ...] = ()
 
 
-# ---- RFC 1624 arithmetic (lb_rewrite.h) ------------------------------------
-#
-# lb_rewrite.h works on 16-bit words as they lie in memory; a one's-complement
-# sum commutes with swapping the bytes of every word, so the same arithmetic
-# on big-endian words gives the same bytes. Ported operation for operation
-# (eqn. 3, the two folds), so the model equals the planes even where an
-# incremental update and a recomputation differ (a wrong incoming checksum).
-
-
-def csum_fold(s: int) -> int:
-    s = (s & 0xFFFF) + (s >> 16)
-    s = (s & 0xFFFF) + (s >> 16)
-    return s & 0xFFFF
-
-
-def csum_replace2(check: int, old: int, new: int) -> int:
-    """lb_csum_replace2: ``check`` after a 16-bit word goes from ``old`` to ``new``."""
-    s = (~check & 0xFFFF) + (~old & 0xFFFF) + new
-    return ~csum_fold(s) & 0xFFFF
-
-
-def csum_replace4(check: int, old: int, new: int) -> int:
-    """lb_csum_replace4: ``check`` after 4 bytes (an IPv4 address) change."""
-    s = (~check & 0xFFFF) + (~(old >> 16) & 0xFFFF) + (~old & 0xFFFF)
-    s += (new >> 16) + (new & 0xFFFF)
-    return ~csum_fold(s) & 0xFFFF
-
-
-def nat_l4_csum(check: int, proto: int, old_addr: int, new_addr: int, old_port: int,
-                new_port: int) -> int:
-    """lb_nat_l4_csum: UDP's 0 ("none") stays 0, a computed 0 is sent as 0xFFFF."""
-    if proto == IPPROTO_UDP and check == 0:
-        return 0
-    check = csum_replace4(check, old_addr, new_addr)
-    check = csum_replace2(check, old_port, new_port)
-    if proto == IPPROTO_UDP and check == 0:
-        return 0xFFFF
-    return check
-
-
-def _u16(buf: bytearray, off: int) -> int:
-    return int.from_bytes(buf[off : off + 2], "big")
-
-
-def _u32(buf: bytearray, off: int) -> int:
-    return int.from_bytes(buf[off : off + 4], "big")
-
-
-def _put16(buf: bytearray, off: int, v: int) -> None:
-    buf[off : off + 2] = v.to_bytes(2, "big")
-
-
-def _put32(buf: bytearray, off: int, v: int) -> None:
-    buf[off : off + 4] = v.to_bytes(4, "big")
-
-
-NAT_SRC = 1  # enum lb_nat_side
-NAT_DST = 2
-_L4_CSUM_OFF = {IPPROTO_TCP: 16, IPPROTO_UDP: 6}
-
-
-def nat4_rewrite(buf: bytearray, l3: int, proto: int, side: int, addr: int, port: int) -> None:
-    """lb_nat4_rewrite on a frame the parse accepted (IPv4 TCP/UDP, not a
-    fragment, the L4 header within the packet): the ``side`` address and
-    port become addr:port, the IPv4 and L4 checksums updated."""
-    l4 = l3 + (buf[l3] & 0xF) * 4
-    a_off = l3 + (12 if side == NAT_SRC else 16)
-    p_off = l4 + (0 if side == NAT_SRC else 2)
-    c_off = l4 + _L4_CSUM_OFF[proto]
-    old_addr, old_port = _u32(buf, a_off), _u16(buf, p_off)
-    _put16(buf, l3 + 10, csum_replace4(_u16(buf, l3 + 10), old_addr, addr))
-    _put32(buf, a_off, addr)
-    _put16(buf, c_off, nat_l4_csum(_u16(buf, c_off), proto, old_addr, addr, old_port, port))
-    _put16(buf, p_off, port)
-
-
-def conn_translate(buf: bytearray, l3: int, key: FlowTuple, peer: FlowTuple) -> None:
-    """lb_conn_translate: the packet whose 5-tuple is ``key`` leaves as
-    ``peer`` reversed; the destination first, each side only if it changes."""
-    saddr, daddr, sport, dport, proto = key
-    psaddr, pdaddr, psport, pdport, _ = peer
-    if daddr != psaddr or dport != psport:
-        nat4_rewrite(buf, l3, proto, NAT_DST, psaddr, psport)
-    if saddr != pdaddr or sport != pdport:
-        nat4_rewrite(buf, l3, proto, NAT_SRC, pdaddr, pdport)
-
 
 def icmpv6_csum(src: ipaddress.IPv6Address, dst: ipaddress.IPv6Address, msg: bytes) -> int:
     """RFC 4443's ICMPv6 checksum of ``msg`` (its checksum field 0): the
@@ -223,196 +173,6 @@ def nd_options(opts: bytes) -> int | None:
     return None if opts else slla
 
 
-# ---- ICMP errors (lb_nat.h) -------------------------------------------------
-
-ICMP_ERRORS = (3, 11, 12)  # destination unreachable, time exceeded, parameter problem
-ICMP_QUOTE_L4 = 8
-TCP_CSUM_END = 18
-
-
-@dataclass(frozen=True)
-class IcmpQuote:
-    """struct lb_nat4_icmp: where an ICMP error's quoted packet lies (frame offsets)."""
-
-    l3_off: int
-    icmp_off: int
-    inner_l3_off: int
-    inner_l4_off: int
-    l4_quoted: int
-    inner_proto: int
-    inner_saddr: int
-    inner_daddr: int
-    inner_sport: int
-    inner_dport: int
-
-
-def icmp_parse(frame: bytes, l3: int, ip_len: int) -> IcmpQuote | None:
-    """lb_nat4_icmp_parse for an unfragmented IPv4 ICMP packet whose header and
-    total length the parse checked; None for LB_NAT_NOT_APPLICABLE and
-    LB_NAT_MALFORMED alike (the data planes pass both to the kernel)."""
-    ihl = (frame[l3] & 0xF) * 4
-    icmp = l3 + ihl
-    if ip_len < ihl + 8:
-        return None  # malformed
-    if frame[icmp] not in ICMP_ERRORS:
-        return None  # not an error: none of NAT's business
-    inner = icmp + 8
-    if ip_len < ihl + 8 + 20:
-        return None  # malformed
-    if frame[inner] >> 4 != 4 or frame[inner] & 0xF < 5:
-        return None  # malformed
-    inner_proto = frame[inner + 9]
-    if inner_proto not in (IPPROTO_TCP, IPPROTO_UDP):
-        return None
-    (frag,) = struct.unpack_from("!H", frame, inner + 6)
-    if frag & IP_OFFSET:
-        return None  # a later fragment quotes no ports
-    inner_ihl = (frame[inner] & 0xF) * 4
-    (inner_len,) = struct.unpack_from("!H", frame, inner + 2)
-    if inner_len < inner_ihl + ICMP_QUOTE_L4:
-        return None  # malformed
-    inner_l4 = inner + inner_ihl
-    quote_end = min(l3 + ip_len, inner + inner_len)
-    if quote_end < inner_l4 + ICMP_QUOTE_L4:
-        return None  # malformed
-    saddr, daddr = struct.unpack_from("!II", frame, inner + 12)
-    sport, dport = struct.unpack_from("!HH", frame, inner_l4)
-    return IcmpQuote(l3, icmp, inner, inner_l4, quote_end - inner_l4, inner_proto,
-                     saddr, daddr, sport, dport)
-
-
-def icmp_rewrite(buf: bytearray, ic: IcmpQuote, side: int, addr: int, port: int,
-                 outer_addr: int) -> None:
-    """lb_nat4_icmp_rewrite: the quoted packet's ``side`` becomes addr:port
-    (its IP checksum, its L4 checksum when quoted, the ICMP checksum updated);
-    unless outer_addr is 0, the outer header's mirrored address becomes it."""
-    inner, l4 = ic.inner_l3_off, ic.inner_l4_off
-    a_off = inner + (12 if side == NAT_SRC else 16)
-    p_off = l4 + (0 if side == NAT_SRC else 2)
-    c_off: int | None = None
-    if ic.inner_proto == IPPROTO_UDP or ic.l4_quoted >= TCP_CSUM_END:
-        c_off = l4 + _L4_CSUM_OFF[ic.inner_proto]
-    old_addr, old_port = _u32(buf, a_off), _u16(buf, p_off)
-    old_ip_check = _u16(buf, inner + 10)
-    new_ip_check = csum_replace4(old_ip_check, old_addr, addr)
-    old_l4 = new_l4 = 0
-    if c_off is not None:
-        old_l4 = _u16(buf, c_off)
-        new_l4 = nat_l4_csum(old_l4, ic.inner_proto, old_addr, addr, old_port, port)
-    _put16(buf, inner + 10, new_ip_check)
-    _put32(buf, a_off, addr)
-    _put16(buf, p_off, port)
-    if c_off is not None:
-        _put16(buf, c_off, new_l4)
-    check = _u16(buf, ic.icmp_off + 2)
-    check = csum_replace4(check, old_addr, addr)
-    check = csum_replace2(check, old_port, port)
-    check = csum_replace2(check, old_ip_check, new_ip_check)
-    if c_off is not None:
-        check = csum_replace2(check, old_l4, new_l4)
-    _put16(buf, ic.icmp_off + 2, check)
-    if outer_addr:
-        l3 = ic.l3_off
-        o_off = l3 + (16 if side == NAT_SRC else 12)  # inner SRC -> outer DST, DST -> SRC
-        _put16(buf, l3 + 10, csum_replace4(_u16(buf, l3 + 10), _u32(buf, o_off), outer_addr))
-        _put32(buf, o_off, outer_addr)
-
-
-def conn_icmp_key(ic: IcmpQuote) -> FlowTuple:
-    """lb_conn_icmp_key: the quote reversed, the key of the other direction's entry."""
-    return (ic.inner_daddr, ic.inner_saddr, ic.inner_dport, ic.inner_sport, ic.inner_proto)
-
-
-def conn_icmp_translate(buf: bytearray, ic: IcmpQuote, orig: FlowTuple) -> None:
-    """lb_conn_icmp_translate: the quote becomes ``orig``, the packet as it was
-    sent before translation; each restored quoted field carries its mirrored
-    outer field along."""
-    osaddr, odaddr, osport, odport, _ = orig
-    if ic.inner_daddr != odaddr or ic.inner_dport != odport:
-        icmp_rewrite(buf, ic, NAT_DST, odaddr, odport, odaddr)
-    if ic.inner_saddr != osaddr or ic.inner_sport != osport:
-        icmp_rewrite(buf, ic, NAT_SRC, osaddr, osport, osaddr)
-
-
-# ---- connection rules (lb_conn.h) --------------------------------------------
-
-CONN_ORIG = 0  # enum lb_conn_dir
-CONN_REPLY = 1
-TCP_FIN = 0x01
-TCP_SYN = 0x02
-TCP_RST = 0x04
-TCP_ACK = 0x10
-EMBRYONIC = (ConnState.SYN_SENT, ConnState.SYN_RECV, ConnState.UDP_UNREPLIED)
-
-
-def conn_open_state(proto: int, tcp_flags: int) -> ConnState | None:
-    """lb_conn_open_state; None is LB_CONN_NO_STATE."""
-    if proto == IPPROTO_UDP:
-        return ConnState.UDP_UNREPLIED
-    if tcp_flags & TCP_RST:
-        return None
-    if tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN:
-        return ConnState.SYN_SENT
-    return ConnState.ESTABLISHED
-
-
-def conn_next_state(state: ConnState, fin_dirs: int, direction: int, proto: int,
-                    tcp_flags: int) -> tuple[ConnState, int]:
-    """lb_conn_next_state: (the new state, the new fin_dirs)."""
-    if proto == IPPROTO_UDP:
-        if state == ConnState.UDP_UNREPLIED and direction == CONN_REPLY:
-            return ConnState.UDP_REPLIED, fin_dirs
-        return state, fin_dirs
-    if tcp_flags & TCP_RST:
-        return ConnState.CLOSE, fin_dirs
-    syn_ack = tcp_flags & (TCP_SYN | TCP_ACK)
-    if (state in (ConnState.TIME_WAIT, ConnState.CLOSE) and direction == CONN_ORIG
-            and syn_ack == TCP_SYN):
-        return ConnState.SYN_SENT, 0
-    if state == ConnState.SYN_SENT:
-        if direction == CONN_REPLY and syn_ack == TCP_SYN | TCP_ACK:
-            return ConnState.SYN_RECV, fin_dirs
-        return state, fin_dirs
-    if state == ConnState.SYN_RECV and direction == CONN_ORIG and syn_ack == TCP_ACK:
-        state = ConnState.ESTABLISHED
-    if tcp_flags & TCP_FIN and state in (ConnState.ESTABLISHED, ConnState.SYN_RECV,
-                                         ConnState.FIN_WAIT):
-        fin_dirs |= 1 << (direction & 1)
-        return (ConnState.TIME_WAIT if fin_dirs == 3 else ConnState.FIN_WAIT), fin_dirs
-    return state, fin_dirs
-
-
-def snat_candidate(h: int, n: int, port_min: int, port_max: int) -> int:
-    """lb_snat_candidate: the n-th SNAT port tried (u64 sum, then % range)."""
-    return port_min + ((h + n) & 0xFFFFFFFFFFFFFFFF) % (port_max - port_min + 1)
-
-
-def snat_addr_index(h: int, naddrs: int) -> int:
-    """lb_snat_addr_index."""
-    return (h >> 32) % naddrs if naddrs else 0
-
-
-@dataclass
-class ConnEntry:
-    """struct lb_conn: one direction's entry. The state and fin_dirs live in
-    the original entry (a reply entry's stay as created)."""
-
-    peer: FlowTuple
-    dir: int
-    backend_id: int
-    vip_id: int
-    state: ConnState
-    fin_dirs: int
-    client_mac: bytes
-    client_port: int
-    flags: int
-
-
-def tcp_flags_of(ip: bytes, ihl: int, proto: int) -> int:
-    """lb_tcp_flags: byte 13 of the TCP header (the parse checked 20 bytes), 0 for UDP."""
-    return ip[ihl * 4 + 13] if proto == IPPROTO_TCP else 0
-
-
 @dataclass
 class Model:
     """Tables plus the flow-affinity memory and NAT mode's connection table,
@@ -425,13 +185,17 @@ class Model:
     # (and SNAT pool addresses) itself; XDP leaves ARP to the kernel, which
     # holds them.
     answers_arp: bool = False
-    #: NAT connection-table entries (two per connection): the planes'
-    #: --conn-table-size / DpdkLaunch.conn_table_size.
+    #: NAT connection-table entries (two per connection) of EACH family's
+    #: table: the planes' --conn-table-size / DpdkLaunch.conn_table_size.
     conn_capacity: int = CONN_TABLE_DEFAULT
+    #: The IPv4 connection table (keys: FlowTuple) and the IPv6 one (keys:
+    #: FlowKey6), each with conn_capacity entries and an embryonic FIFO of
+    #: its own (original keys in creation order, at most conn_capacity of
+    #: them: a push onto a full FIFO drops the oldest).
     conns: dict[FlowTuple, ConnEntry] = field(default_factory=dict)
-    #: Original keys of embryonic connections in creation order, at most
-    #: conn_capacity of them (a push onto a full FIFO drops the oldest).
     conn_fifo: collections.deque[FlowTuple] = field(default_factory=collections.deque)
+    conns6: dict[FlowKey6, ConnEntry] = field(default_factory=dict)
+    conn_fifo6: collections.deque[FlowKey6] = field(default_factory=collections.deque)
     #: Every lb_stat counter this model moved (rx, the verdict reasons, events).
     counters: Counter[str] = field(default_factory=Counter)
     conns_expired: int = 0
@@ -460,7 +224,8 @@ class Model:
         Answered: ICMPv6 right after the IPv6 header (no extension header),
         the ``ip_len``-byte packet holding a whole solicitation (24 bytes),
         hop limit 255, type 135 code 0, a right checksum, a VIP's address
-        as the target, valid options (none of length 0, none past the
+        (or an IPv6 SNAT pool address: the backends' replies come to it) as
+        the target, valid options (none of length 0, none past the
         message, at most 64), no source link-layer option from the
         unspecified address. The answer replaces the frame (86 bytes, any
         trailer gone): from the port's MAC and the target, with the target
@@ -475,6 +240,7 @@ class Model:
         icmp = ip[40:ip_len]
         target = ipaddress.IPv6Address(icmp[8:24])
         vip_addrs = {vip.addr for vip in self.tables.vips.values() if vip.addr.version == 6}
+        vip_addrs |= {a for a in self.tables.nat.snat_addrs if a.version == 6}
         if (ip[7] != ND_HOP_LIMIT or icmp[0] != ND_NEIGHBOR_SOLICIT or icmp[1] != 0
                 or icmpv6_csum(src, dst, icmp) != 0 or target not in vip_addrs):
             return None
@@ -582,8 +348,11 @@ class Model:
         return self._dsr(frame, flow, vip, in_port, total_length)
 
     def _ipv6(self, frame: bytes, in_port: int) -> Verdict:
-        """An untagged IPv6 frame: lb_parse_ipv6's verdict, then DSR or tunnel
-        mode for TCP/UDP to an IPv6 VIP (NAT VIPs are IPv4 only)."""
+        """An untagged IPv6 frame: lb_parse_ipv6's verdict, then DSR, tunnel
+        or NAT mode for TCP/UDP to an IPv6 VIP; while NAT mode is active, a
+        reply of an IPv6 connection or an ICMPv6 error quoting one. A NAT
+        packet whose L4 header starts past NAT6_MAX_L4_OFF (more than 256
+        bytes of extension headers) passes as pass_ext_headers."""
         p = parse_ipv6(frame[ETH_HLEN:])
         if p.verdict == ParseVerdict.MALFORMED:
             return Verdict("drop", "drop_malformed", frame)
@@ -591,20 +360,36 @@ class Model:
             return Verdict("pass", "pass_ext_headers", frame)
         if p.verdict == ParseVerdict.FRAGMENT:
             return Verdict("pass", "pass_fragment", frame)
+        beyond = ETH_HLEN + p.l4 > NAT6_MAX_L4_OFF
         if p.verdict == ParseVerdict.UNSUPPORTED_L4:
             if p.proto == IPPROTO_ICMPV6 and self.answers_arp:
                 reply = self._ndp_reply(frame, p.length, in_port)
                 if reply is not None:
                     return Verdict("tx", "ndp_reply", reply, port=in_port)
+            if p.proto == IPPROTO_ICMPV6 and self.nat_active():
+                # lb_conn.h 3. for IPv6 (spec 4.(c), 6.).
+                if beyond:
+                    return Verdict("pass", "pass_ext_headers", frame)
+                if not p.fragment:
+                    translated = self._nat6_icmp(frame, p, in_port)
+                    if translated is not None:
+                        return translated
             return Verdict("pass", "pass_not_vip", frame)
         assert p.src is not None and p.dst is not None
         vip = self.tables.vip_for(p.dst, p.dport, p.proto)
+        key: FlowKey6 = (p.src.packed, p.dst.packed, p.sport, p.dport, p.proto)
         if vip is None:
-            return Verdict("pass", "pass_not_vip", frame)
+            if not self.nat_active():
+                return Verdict("pass", "pass_not_vip", frame)
+            if beyond:  # spec 4.(b): before the reply lookup
+                return Verdict("pass", "pass_ext_headers", frame)
+            return self._nat_reply(frame, key, tcp_flags6(frame, p), in_port, ETH_HLEN + p.l4)
         if vip.mode == VipMode.NAT:
-            raise ValueError(f"VIP {vip.vip_id}: NAT mode is IPv4 only (the protocol refuses it)")
-        flow: FlowKey = (p.src.packed, p.dst.packed, p.sport, p.dport, p.proto)
-        return self._dsr(frame, flow, vip, in_port, p.length)
+            if beyond:  # spec 4.(a): before the connection lookup
+                return Verdict("pass", "pass_ext_headers", frame)
+            return self._nat_orig(frame, key, vip, tcp_flags6(frame, p), in_port,
+                                  ETH_HLEN + p.l4)
+        return self._dsr(frame, key, vip, in_port, p.length)
 
     def _dsr(self, frame: bytes, flow: FlowKey, vip: Vip, in_port: int,
              ip_len: int) -> Verdict:
@@ -651,39 +436,66 @@ class Model:
         return encap_headers(plan, mac_bytes(backend.mac), mac_bytes(self.port_macs[port]))
 
     # ---- NAT mode ------------------------------------------------------------------
+    #
+    # One connection table per family (spec 1.), each with conn_capacity
+    # entries and a FIFO of its own; a key's family picks its table (an IPv6
+    # key's addresses are bytes). Everything else is the same code for both.
+
+    def _table(self, key: ConnKey) -> tuple[dict[Any, ConnEntry], collections.deque[Any]]:
+        if isinstance(key[0], bytes):
+            return self.conns6, self.conn_fifo6
+        return self.conns, self.conn_fifo
+
+    def nat_active(self) -> bool:
+        """XDP's nat_active: a NAT VIP is configured, or a table still holds
+        connections. Only then are frames for no VIP and ICMP errors looked
+        up, which only the IPv6 bound makes visible (pass_ext_headers rather
+        than pass_not_vip). The DPDK forwarder looks while its IPv6 table
+        holds any: the same verdicts whenever an IPv6 connection is open."""
+        return bool(self.conns or self.conns6) or any(
+            vip.mode == VipMode.NAT for vip in self.tables.vips.values())
+
+    @staticmethod
+    def _translate(buf: bytearray, key: ConnKey, peer: ConnKey, l4: int) -> None:
+        """lb_conn_translate or lb_conn6_translate, by the key's family."""
+        if isinstance(key[0], bytes):
+            conn6_translate(buf, l4, key, peer)  # type: ignore[arg-type]
+        else:
+            conn_translate(buf, ETH_HLEN, key, peer)  # type: ignore[arg-type]
 
     def _send(self, frame: bytes, dst_mac: bytes, port: int, in_port: int,
-              key: FlowTuple | None, peer: FlowTuple | None, backend_id: int,
-              events: tuple[str, ...], icmp: IcmpQuote | None = None,
-              icmp_orig: FlowTuple | None = None) -> Verdict:
-        """Translate and send out of ``port``: XDP_TX (fwd_tx) when that is the
-        port the frame came in on, else a redirect (fwd_redirect)."""
+              backend_id: int, events: tuple[str, ...],
+              rewrite: Callable[[bytearray], None]) -> Verdict:
+        """Rewrite the MACs and translate (``rewrite``), then send out of
+        ``port``: XDP_TX (fwd_tx) when that is the port the frame came in
+        on, else a redirect (fwd_redirect)."""
         if port >= len(self.port_macs):
             return Verdict("drop", "drop_tx_error", frame, events=events)
         buf = bytearray(frame)
         buf[0:6] = dst_mac
         buf[6:12] = mac_bytes(self.port_macs[port])
-        if icmp is not None and icmp_orig is not None:
-            conn_icmp_translate(buf, icmp, icmp_orig)
-        elif key is not None and peer is not None:
-            conn_translate(buf, ETH_HLEN, key, peer)
+        rewrite(buf)
         action, reason = ("tx", "fwd_tx") if port == in_port else ("redirect", "fwd_redirect")
         return Verdict(action, reason, bytes(buf), backend_id, port, events)
 
-    def _nat_orig(self, frame: bytes, key: FlowTuple, vip: Vip, tcp_flags: int,
-                  in_port: int) -> Verdict:
-        """lb_conn.h 1.: a frame to a NAT VIP."""
+    def _nat_orig(self, frame: bytes, key: ConnKey, vip: Vip, tcp_flags: int,
+                  in_port: int, l4: int = 0) -> Verdict:
+        """lb_conn.h 1.: a frame to a NAT VIP (``l4``: an IPv6 frame's L4
+        header offset)."""
+        conns, fifo = self._table(key)
+        six = isinstance(key[0], bytes)
         proto = key[4]
         events: tuple[str, ...] = ()
-        entry = self.conns.get(key)
+        entry = conns.get(key)
         if entry is not None and entry.dir == CONN_ORIG:
             if self._serving(entry.backend_id):
                 entry.state, entry.fin_dirs = conn_next_state(
                     entry.state, entry.fin_dirs, CONN_ORIG, proto, tcp_flags)
                 backend = self.tables.backends[entry.backend_id]
-                port = backend.port or in_port
-                return self._send(frame, mac_bytes(backend.mac), port, in_port, key, entry.peer,
-                                  entry.backend_id, ("conn_hit",))
+                peer = entry.peer
+                return self._send(frame, mac_bytes(backend.mac), backend.port or in_port,
+                                  in_port, entry.backend_id, ("conn_hit",),
+                                  lambda buf: self._translate(buf, key, peer, l4))
             if self.tables.nat.on_backend_down == NatDown.DROP:
                 return Verdict("drop", "drop_backend_down", frame)
             self._delete(key)
@@ -691,17 +503,18 @@ class Model:
         elif entry is not None:
             # A VIP's 5-tuple that is some connection's reply key: lb_conn.h
             # names only original entries here; taken as that reply.
-            return self._nat_reply(frame, key, tcp_flags, in_port)
+            return self._nat_reply(frame, key, tcp_flags, in_port, l4)
 
         state = conn_open_state(proto, tcp_flags)
         if state is None:
             return Verdict("drop", "drop_conn_invalid", frame, events=events)
         h = flow_hash(self.tables.hash_key, *key)
         backend_id = self._pick_hashed(vip.vip_id, h)
-        if backend_id == NO_BACKEND:
+        backend = self.tables.backends.get(backend_id)
+        # No NAT64: a backend of the other family is no backend (spec 3.).
+        if backend is None or backend.addr.version != (6 if six else 4):
             return Verdict("drop", "drop_no_backend", frame, events=events)
-        backend = self.tables.backends[backend_id]
-        baddr = int(ipaddress.IPv4Address(backend.addr))
+        baddr: int | bytes = backend.addr.packed if six else int(backend.addr)
         bport = vip.nat_port or vip.port
         saddr, _, sport, _, _ = key
         # The reply key: it must be free (another connection's replies would
@@ -709,17 +522,18 @@ class Model:
         # candidate; taken (the same client address and port through two VIPs
         # to one backend port), the connection is refused like an exhausted
         # SNAT range: no reply key.
-        def free(candidate: FlowTuple) -> bool:
-            return candidate != key and candidate not in self.conns
+        def free(candidate: ConnKey) -> bool:
+            return candidate != key and candidate not in conns
 
         flags = 0
-        reply: FlowTuple | None = None
+        reply: ConnKey | None = None
         if vip.snat:
-            nat = self.tables.nat
-            if nat.snat_addrs:
-                snat_addr = int(nat.snat_addrs[snat_addr_index(h, len(nat.snat_addrs))])
+            pool = self._snat_pool(six)
+            if pool:
+                snat_addr = pool[snat_addr_index(h, len(pool))]
                 for n in range(SNAT_PROBES):
-                    port_n = snat_candidate(h, n, nat.snat_port_min, nat.snat_port_max)
+                    port_n = snat_candidate(h, n, self.tables.nat.snat_port_min,
+                                            self.tables.nat.snat_port_max)
                     if free(candidate := (baddr, snat_addr, bport, port_n, proto)):
                         reply = candidate
                         break
@@ -728,52 +542,64 @@ class Model:
             reply = candidate
         if reply is None:
             return Verdict("drop", "drop_snat_exhausted", frame, events=events)
-        if len(self.conns) + 2 > self.conn_capacity:
-            if not self._evict_one():
+        if len(conns) + 2 > self.conn_capacity:
+            if not self._evict_one(conns, fifo):
                 return Verdict("drop", "drop_conn_full", frame, events=events)
             events += ("conn_evict",)
         client_mac = frame[6:12]
-        self.conns[key] = ConnEntry(reply, CONN_ORIG, backend_id, vip.vip_id, state, 0,
-                                    client_mac, in_port, flags)
-        self.conns[reply] = ConnEntry(key, CONN_REPLY, backend_id, vip.vip_id, state, 0,
-                                      client_mac, in_port, flags)
+        conns[key] = ConnEntry(reply, CONN_ORIG, backend_id, vip.vip_id, state, 0,
+                               client_mac, in_port, flags)
+        conns[reply] = ConnEntry(key, CONN_REPLY, backend_id, vip.vip_id, state, 0,
+                                 client_mac, in_port, flags)
         if state in EMBRYONIC:
-            if len(self.conn_fifo) >= self.conn_capacity:
-                self.conn_fifo.popleft()
-            self.conn_fifo.append(key)
+            if len(fifo) >= self.conn_capacity:
+                fifo.popleft()
+            fifo.append(key)
         events += ("conn_new",)
-        port = backend.port or in_port
-        return self._send(frame, mac_bytes(backend.mac), port, in_port, key, reply, backend_id,
-                          events)
+        peer = reply
+        return self._send(frame, mac_bytes(backend.mac), backend.port or in_port, in_port,
+                          backend_id, events, lambda buf: self._translate(buf, key, peer, l4))
 
-    def _evict_one(self) -> bool:
+    def _snat_pool(self, six: bool) -> list[int | bytes]:
+        """The SNAT pool of a family (NatConfig.snat_addrs' members of that
+        family, in order): IPv4 as host ints, IPv6 as packed bytes."""
+        addrs = self.tables.nat.snat_addrs
+        if six:
+            return [a.packed for a in addrs if a.version == 6]
+        return [int(a) for a in addrs if a.version == 4]
+
+    def _evict_one(self, conns: dict[Any, ConnEntry], fifo: collections.deque[Any]) -> bool:
         """lb_conn.h "Full table": up to CONN_EVICT_TRIES keys off the FIFO's
         head, the first still an embryonic connection evicted (both entries)."""
         for _ in range(CONN_EVICT_TRIES):
-            if not self.conn_fifo:
+            if not fifo:
                 return False
-            key = self.conn_fifo.popleft()
-            entry = self.conns.get(key)
+            key = fifo.popleft()
+            entry = conns.get(key)
             if entry is not None and entry.dir == CONN_ORIG and entry.state in EMBRYONIC:
                 self._delete(key)
                 return True
         return False
 
-    def _delete(self, orig_key: FlowTuple) -> None:
+    def _delete(self, orig_key: ConnKey) -> None:
         """Both entries of the connection whose original key is ``orig_key``."""
-        entry = self.conns.pop(orig_key)
-        self.conns.pop(entry.peer, None)
+        conns, _ = self._table(orig_key)
+        entry = conns.pop(orig_key)
+        conns.pop(entry.peer, None)
 
-    def _nat_reply(self, frame: bytes, key: FlowTuple, tcp_flags: int, in_port: int) -> Verdict:
+    def _nat_reply(self, frame: bytes, key: ConnKey, tcp_flags: int, in_port: int,
+                   l4: int = 0) -> Verdict:
         """lb_conn.h 2.: not to a VIP; a reply entry is translated back."""
-        entry = self.conns.get(key)
+        conns, _ = self._table(key)
+        entry = conns.get(key)
         if entry is None or entry.dir != CONN_REPLY:
             return Verdict("pass", "pass_not_vip", frame)
-        orig = self.conns[entry.peer]
+        orig = conns[entry.peer]
         orig.state, orig.fin_dirs = conn_next_state(orig.state, orig.fin_dirs, CONN_REPLY,
                                                     key[4], tcp_flags)
-        return self._send(frame, orig.client_mac, orig.client_port, in_port, key, entry.peer,
-                          orig.backend_id, ("conn_reply",))
+        peer = entry.peer
+        return self._send(frame, orig.client_mac, orig.client_port, in_port, orig.backend_id,
+                          ("conn_reply",), lambda buf: self._translate(buf, key, peer, l4))
 
     def _nat_icmp(self, frame: bytes, ip_len: int, in_port: int) -> Verdict | None:
         """lb_conn.h 3.: an ICMP error quoting a connection's packet, sent
@@ -781,39 +607,64 @@ class Model:
         ic = icmp_parse(frame, ETH_HLEN, ip_len)
         if ic is None:
             return None
-        entry = self.conns.get(conn_icmp_key(ic))
+        return self._icmp_error(frame, conn_icmp_key(ic), ic, in_port)
+
+    def _nat6_icmp(self, frame: bytes, p: Parsed6, in_port: int) -> Verdict | None:
+        """lb_conn.h 3. for ICMPv6 (spec 6.): the same, in the IPv6 table."""
+        ic = icmp6_parse(frame, p)
+        if ic is None:
+            return None
+        return self._icmp_error(frame, conn6_icmp_key(ic), ic, in_port)
+
+    def _icmp_error(self, frame: bytes, key: ConnKey, ic: IcmpQuote | Icmp6Quote,
+                    in_port: int) -> Verdict | None:
+        """An error whose quote reversed is ``key``: to the client (a reply
+        entry's) or the backend (an original entry's), the quote restored."""
+        conns, _ = self._table(key)
+        entry = conns.get(key)
         if entry is None:
             return None
         events = ("nat_icmp",)
+        orig_key = entry.peer
+
+        def restore(buf: bytearray) -> None:
+            if isinstance(ic, Icmp6Quote):
+                conn6_icmp_translate(buf, ic, orig_key)  # type: ignore[arg-type]
+            else:
+                conn_icmp_translate(buf, ic, orig_key)  # type: ignore[arg-type]
+
         if entry.dir == CONN_REPLY:  # about a packet sent towards the backend
-            orig = self.conns[entry.peer]
-            return self._send(frame, orig.client_mac, orig.client_port, in_port, None, None,
-                              orig.backend_id, events, ic, entry.peer)
+            orig = conns[entry.peer]
+            return self._send(frame, orig.client_mac, orig.client_port, in_port,
+                              orig.backend_id, events, restore)
         backend = self.tables.backends.get(entry.backend_id)
         if backend is None:
             return Verdict("drop", "drop_tx_error", frame, events=events)
         return self._send(frame, mac_bytes(backend.mac), backend.port or in_port, in_port,
-                          None, None, entry.backend_id, events, ic, entry.peer)
+                          entry.backend_id, events, restore)
 
-    # ---- the connection table's figures -------------------------------------------
+    # ---- the connection tables' figures --------------------------------------------
 
     def conn_stats(self) -> dict[str, object]:
-        """struct lb_conn_stats as the stats reply's "conns" carries it."""
+        """struct lb_conn_stats as the stats reply's "conns" carries it: the
+        sums over both families' tables (capacity: both tables')."""
         by_state = dict.fromkeys(CONN_STATE_NAMES, 0)
         snat = 0
-        for entry in self.conns.values():
+        for entry in (*self.conns.values(), *self.conns6.values()):
             if entry.dir == CONN_ORIG:
                 by_state[CONN_STATE_NAMES[entry.state]] += 1
                 snat += bool(entry.flags & CONN_F_SNAT)
-        return {"capacity": self.conn_capacity, "entries": len(self.conns),
+        return {"capacity": 2 * self.conn_capacity,
+                "entries": len(self.conns) + len(self.conns6),
                 "by_state": by_state, "snat_ports_in_use": snat, "expired": self.conns_expired}
 
-    def conn_state(self, key: FlowTuple) -> ConnState | None:
-        """The state of the connection whose original key is ``key``."""
-        entry = self.conns.get(key)
+    def conn_state(self, key: ConnKey) -> ConnState | None:
+        """The state of the connection whose original key is ``key`` (an
+        IPv4 FlowTuple or an IPv6 FlowKey6)."""
+        entry = self._table(key)[0].get(key)
         return entry.state if entry is not None and entry.dir == CONN_ORIG else None
 
-    def expire(self, key: FlowTuple) -> None:
+    def expire(self, key: ConnKey) -> None:
         """What the idle sweep does to the connection whose original key is
         ``key``: both entries removed, counted as expired."""
         self._delete(key)

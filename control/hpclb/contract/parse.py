@@ -54,6 +54,9 @@ class Parsed6:
     l4: int = 0
     sport: int = 0
     dport: int = 0
+    #: LB_PF_FRAGMENT with UNSUPPORTED_L4: a non-atomic fragment of another
+    #: protocol (ICMPv6 included), which NAT never translates.
+    fragment: bool = False
 
 
 def _l4_supported(proto: int) -> bool:
@@ -85,7 +88,8 @@ def parse_ipv6(ip: bytes) -> Parsed6:
                 # A known other protocol wins over "fragment"; an extension
                 # header in the fragmentable part hides the protocol.
                 if not _l4_supported(nexthdr) and nexthdr not in IPV6_EXT_HDRS:
-                    return Parsed6(ParseVerdict.UNSUPPORTED_L4, src, dst, length, nexthdr, off)
+                    return Parsed6(ParseVerdict.UNSUPPORTED_L4, src, dst, length, nexthdr, off,
+                                   fragment=True)
                 return Parsed6(ParseVerdict.FRAGMENT, src, dst, length, nexthdr, off)
             continue
         hdrlen = ip[off + 1]

@@ -258,7 +258,7 @@ class Backend:
 class NatConfig:
     """struct lb_nat_config: the NAT mode's settings, one per data plane."""
 
-    snat_addrs: tuple[ipaddress.IPv4Address, ...] = ()
+    snat_addrs: tuple[IPAddress, ...] = ()
     snat_port_min: int = 1024
     snat_port_max: int = 65535
     on_backend_down: NatDown = NatDown.RESCHEDULE

@@ -66,6 +66,7 @@ from hpclb.controller.events import ProbeVerdict, TelemetryArrived
 from hpclb.controller.ids import Checkpoint
 from hpclb.controller.monitors import MonitorPlan, Monitors
 from hpclb.controller.preflight import check_host
+from hpclb.dataplane.client import snat_order
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
 from hpclb.dataplane.supervisor import DataplaneProcess
@@ -161,11 +162,14 @@ def pool_ring(decisions: tuple[BackendDecision, ...], ids: dict[str, int],
 
 
 def nat_tables(config: HpclbConfig) -> NatConfig:
-    """The data plane's NAT settings (struct lb_nat_config) from the `nat:` section."""
+    """The data plane's NAT settings (struct lb_nat_config) from the `nat:` section.
+    The SNAT pool holds both families, normalised as the data plane holds it
+    (IPv4 then IPv6, each in the configured order: ``snat_order``), so that a
+    push's dump read back compares equal."""
     nat = config.nat
     snat = nat.snat
     return NatConfig(
-        snat_addrs=tuple(ipaddress.IPv4Address(a) for a in snat.addresses) if snat else (),
+        snat_addrs=snat_order(ipaddress.ip_address(a) for a in snat.addresses) if snat else (),
         snat_port_min=snat.ports.min if snat else NatConfig.snat_port_min,
         snat_port_max=snat.ports.max if snat else NatConfig.snat_port_max,
         on_backend_down=NatDown[nat.on_backend_down.name],
@@ -493,10 +497,17 @@ class Controller:
         table is not the configured size (it keeps it: a restart would drop
         every connection; the size takes effect at its next start)."""
         nat_vips = [v.name for v in self.config.vips if v.mode is ForwardingMode.NAT]
-        if nat_vips and "nat" not in hello.get("capabilities", ()):
+        caps = hello.get("capabilities", ())
+        if nat_vips and "nat" not in caps:
             log.error("NAT VIPs %s: the %s data plane has no NAT mode (its capabilities: "
                       "%s); their pushes are refused", ", ".join(nat_vips),
-                      hello.get("dataplane"), ", ".join(hello.get("capabilities", ())))
+                      hello.get("dataplane"), ", ".join(caps))
+        nat6_vips = [v.name for v in self.config.vips
+                     if v.mode is ForwardingMode.NAT and v.address.version == 6]
+        if nat6_vips and "nat" in caps and "nat6" not in caps:
+            log.error("IPv6 NAT VIPs %s: the %s data plane has no NAT mode for IPv6 (no "
+                      "\"nat6\" capability; its capabilities: %s); their pushes are refused",
+                      ", ".join(nat6_vips), hello.get("dataplane"), ", ".join(caps))
         size = hello.get("conn_table_size")
         want = self.config.nat.conn_table_size
         if adopted and size and size != want:

@@ -7,6 +7,7 @@ a REQ socket that missed its reply cannot send again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -57,6 +58,16 @@ def check_version(reply: dict[str, Any]) -> None:
         raise version_mismatch(reply.get("v"))
     if "version" in reply and reply["version"] != PROTOCOL_VERSION:
         raise version_mismatch(reply["version"])
+
+
+def snat_order(addrs: Iterable[IPAddress]) -> tuple[IPAddress, ...]:
+    """A SNAT pool in the order a data plane holds and dumps it (PROTOCOL.md,
+    set_nat and dump): the IPv4 addresses, then the IPv6 ones, each family in
+    the given order. set_nat sends it so, and push compares pools so, so that
+    a dump read back equals what was sent."""
+    addrs = tuple(addrs)
+    return (tuple(a for a in addrs if a.version == 4)
+            + tuple(a for a in addrs if a.version == 6))
 
 
 def tunnel_fields(vip: Vip) -> dict[str, int]:
@@ -183,13 +194,14 @@ class DataplaneClient:
         return np.frombuffer(reply["slots"], dtype="<u4").copy()
 
     def set_nat(self, nat: NatConfig) -> None:
-        """Replace the data plane's whole NAT configuration (every field is sent)."""
+        """Replace the data plane's whole NAT configuration (every field is sent;
+        the SNAT pool in ``snat_order``: IPv4, then IPv6)."""
         if len(nat.timeouts_s) != len(CONN_STATE_NAMES):
             raise ValueError(f"NatConfig.timeouts_s has {len(nat.timeouts_s)} entries, "
                              f"one per connection state ({len(CONN_STATE_NAMES)}) expected")
         self.call(
             "set_nat",
-            snat_addrs=[a.packed for a in nat.snat_addrs],
+            snat_addrs=[a.packed for a in snat_order(nat.snat_addrs)],
             snat_port_min=nat.snat_port_min,
             snat_port_max=nat.snat_port_max,
             on_backend_down=int(nat.on_backend_down),

@@ -19,8 +19,11 @@ is there before the VIPs that need it, and a pool is emptied only once the
 VIPs that used it are gone.
 
 Tunnel VIPs go only to a data plane whose ``hello`` lists the ``"tunnel"``
-capability: ``push_tables`` asks (one ``hello``, only when a tunnel VIP is
-to be set) and refuses before any change otherwise. VIPs compare as the data
+capability, IPv6 NAT VIPs and IPv6 SNAT addresses only to one that lists
+``"nat6"``: ``push_tables`` asks (one ``hello``, only when such a VIP or pool
+is to be set) and refuses before any change otherwise. The SNAT pool holds
+both families; each VIP's connections take an address of its own family, and
+pools compare in the data plane's order (``snat_order``: IPv4 then IPv6). VIPs compare as the data
 plane holds them (``held_form``): a GUE VIP whose ``gue_port`` is 0 is the
 one with ``GUE_PORT_DEFAULT``, so the diff does not re-set it every push.
 """
@@ -28,7 +31,7 @@ one with ``GUE_PORT_DEFAULT``, so the diff does not re-set it every push.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +50,7 @@ from hpclb.contract.tables import (
     addr_from_wire,
     mac_str,
 )
-from hpclb.dataplane.client import DataplaneClient, DataplaneError
+from hpclb.dataplane.client import DataplaneClient, DataplaneError, snat_order
 
 
 @dataclass
@@ -78,11 +81,14 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
     diff against what is really there, deletions included.
     """
     report = PushReport()
-    snat_vips = sorted(vid for vid, vip in desired.vips.items() if vip.snat)
-    if snat_vips and not desired.nat.snat_addrs:
-        raise ValueError(
-            f"VIPs {snat_vips} use SNAT but the NAT configuration has no SNAT address"
-        )
+    for family in (4, 6):
+        snat_vips = sorted(vid for vid, vip in desired.vips.items()
+                           if vip.snat and vip.addr.version == family)
+        if snat_vips and not any(a.version == family for a in desired.nat.snat_addrs):
+            raise ValueError(
+                f"VIPs {snat_vips} use SNAT but the NAT configuration has no IPv{family} "
+                "SNAT address (a VIP's connections take one of its own family)"
+            )
     if current is None:
         current = fetch_tables(client)
     if current.ring_size != desired.ring_size:
@@ -90,7 +96,7 @@ def push_tables(client: DataplaneClient, current: TableSet | None, desired: Tabl
             f"the data plane's ring has {current.ring_size} slots, the configuration "
             f"{desired.ring_size}: the data plane must be restarted to change it"
         )
-    _check_tunnel_support(client, current, desired)
+    _check_capabilities(client, current, desired)
     if current.hash_key != desired.hash_key:
         client.set_config(desired.hash_key)
         report.config_set = True
@@ -152,36 +158,50 @@ def _same_vip(a: Vip | None, b: Vip | None) -> bool:
     return held_form(a) == held_form(b)
 
 
-def _check_tunnel_support(client: DataplaneClient, current: TableSet,
-                          desired: TableSet) -> None:
-    """Refuse, before any change, tunnel VIPs to be set on a data plane whose
-    hello lacks the "tunnel" capability (its set_vip would refuse them one by
-    one, after the deletions and backends went through)."""
-    to_set = sorted(vid for vid, vip in desired.vips.items()
-                    if vip.mode == VipMode.TUNNEL and not _same_vip(current.vips.get(vid), vip))
-    if not to_set:
+def _check_capabilities(client: DataplaneClient, current: TableSet,
+                        desired: TableSet) -> None:
+    """Refuse, before any change, what the data plane's hello says it lacks:
+    tunnel VIPs to be set without the "tunnel" capability, IPv6 NAT VIPs to be
+    set or a new pool with IPv6 SNAT addresses without "nat6" (its set_vip and
+    set_nat would refuse them one by one, after the deletions and backends
+    went through)."""
+    def to_set(want: Callable[[Vip], bool]) -> list[int]:
+        return sorted(vid for vid, vip in desired.vips.items()
+                      if want(vip) and not _same_vip(current.vips.get(vid), vip))
+
+    tunnel = to_set(lambda v: v.mode == VipMode.TUNNEL)
+    nat6 = to_set(lambda v: v.mode == VipMode.NAT and v.addr.version == 6)
+    pool6 = [str(a) for a in desired.nat.snat_addrs if a.version == 6]
+    if _nat_key(current.nat) == _nat_key(desired.nat):
+        pool6 = []  # held already: nothing to set
+    if not (tunnel or nat6 or pool6):
         return
     hello = client.hello()
     caps = [str(c) for c in hello.get("capabilities", ())]
-    if "tunnel" not in caps:
-        raise DataplaneError(
-            f"VIPs {to_set} use tunnel mode, which the {hello.get('dataplane', '?')} data "
-            f"plane lacks (its capabilities: {', '.join(caps) or 'none'})"
-        )
+    plane = f"the {hello.get('dataplane', '?')} data plane"
+    has = f"its capabilities: {', '.join(caps) or 'none'}"
+    if tunnel and "tunnel" not in caps:
+        raise DataplaneError(f"VIPs {tunnel} use tunnel mode, which {plane} lacks ({has})")
+    if (nat6 or pool6) and "nat6" not in caps:
+        what = (f"VIPs {nat6} are IPv6 NAT VIPs" if nat6 else
+                f"the NAT configuration's IPv6 SNAT addresses ({', '.join(pool6)}) need it")
+        raise DataplaneError(f"{what}: NAT mode for IPv6 (capability \"nat6\"), which "
+                             f"{plane} lacks ({has})")
 
 
 def _nat_key(nat: NatConfig) -> tuple[object, ...]:
-    """What set_nat would send: NatConfigs built with lists or plain ints compare
-    by value."""
-    return (tuple(nat.snat_addrs), int(nat.snat_port_min), int(nat.snat_port_max),
+    """What set_nat would send: NatConfigs built with lists or plain ints, or
+    with the pool's families interleaved, compare by value."""
+    return (snat_order(nat.snat_addrs), int(nat.snat_port_min), int(nat.snat_port_max),
             int(nat.on_backend_down), tuple(int(t) for t in nat.timeouts_s))
 
 
 def nat_from_wire(nat: dict[str, Any]) -> NatConfig:
-    """dump's ``nat`` map as a NatConfig (equal to the one set_nat was sent)."""
+    """dump's ``nat`` map as a NatConfig (equal to the one set_nat was sent,
+    whose pool set_nat sends in ``snat_order``)."""
     timeouts = nat["timeouts"]
     return NatConfig(
-        snat_addrs=tuple(ipaddress.IPv4Address(bytes(a)) for a in nat["snat_addrs"]),
+        snat_addrs=tuple(addr_from_wire(bytes(a)) for a in nat["snat_addrs"]),
         snat_port_min=int(nat["snat_port_min"]),
         snat_port_max=int(nat["snat_port_max"]),
         on_backend_down=NatDown(int(nat["on_backend_down"])),

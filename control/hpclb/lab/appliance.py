@@ -68,8 +68,14 @@ class LabAppliance:
     network, ``eth0`` the ingress, ``eth1`` the egress every backend is reached
     through, the management address on the cluster side). ``nat``: the
     configuration's ``nat:`` section as a dict, written as given; ``vip_options``:
-    more fields of every VIP (e.g. a NAT VIP's backend port). :meth:`config_problem`
-    says whether this build's configuration accepts what would be written.
+    more fields of every VIP (e.g. a NAT VIP's backend port), ``vip_overrides``: more
+    fields of the VIPs of one address ({address: fields}, over ``vip_options``), so
+    that one appliance serves a NAT VIP with SNAT beside one without.
+    :meth:`config_problem` says whether this build's configuration accepts what would
+    be written. NAT mode is dual stack on a dual-stack ``GatewayLab``: an IPv6 VIP's
+    pool is ``lab6``, the backends by their cluster-side IPv6 addresses, and the
+    ``nat.snat.addresses`` given may mix both families (``GatewayLab(snat_ips=...)``
+    holds them on the appliance).
 
     ``vips``: the VIP addresses (default ``LAB_VIP``), each served on TCP and UDP
     ``LAB_PORT``; a dual-stack lab (``Lab(ipv6=True)``) takes IPv6 ones too. A DSR
@@ -95,6 +101,7 @@ class LabAppliance:
                  mode: str = "dsr",
                  nat: dict[str, Any] | None = None,
                  vip_options: dict[str, Any] | None = None,
+                 vip_overrides: Mapping[str, dict[str, Any]] | None = None,
                  vips: Sequence[str] = (LAB_VIP,),
                  backend_family: int = 4,
                  tunnel: dict[str, Any] | None = None) -> None:
@@ -114,6 +121,11 @@ class LabAppliance:
                        else {"encap": "ipip", "source": LAB_TUNNEL_SOURCE[backend_family]})
         self.nat = nat
         self.vip_options = dict(vip_options or {})
+        self.vip_overrides = {str(addr): dict(fields)
+                              for addr, fields in (vip_overrides or {}).items()}
+        if set(self.vip_overrides) - set(self.vips):
+            raise ValueError(f"vip_overrides names VIPs not in vips: "
+                             f"{sorted(set(self.vip_overrides) - set(self.vips))}")
         self.command_prefix = (list(command_prefix) if command_prefix is not None
                                else [sys.executable, "-m", "hpclb.faces.cli"])
         self.env = dict(env) if env is not None else None
@@ -186,7 +198,8 @@ class LabAppliance:
                 stem = "lab6"
             pool = self.pool_name(self._vip_family(vip))
             out += [{"name": f"{stem}-{proto}", "address": vip, "port": LAB_PORT,
-                     "protocol": proto, "mode": self.mode, "pool": pool, **self.vip_options}
+                     "protocol": proto, "mode": self.mode, "pool": pool, **self.vip_options,
+                     **self.vip_overrides.get(vip, {})}
                     for proto in ("tcp", "udp")]
         return out
 

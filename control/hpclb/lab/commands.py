@@ -45,7 +45,9 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "IPv6 with --ipv6), decapsulating with an XDP program")
     p.add_argument("--ipv6", action="store_true",
                    help="dual stack: an IPv6 VIP beside the IPv4 one (dsr: the shares are "
-                        "measured on it; tunnel: GUE over IPv6 to IPv6 backends)")
+                        "measured on it; nat: the same through an IPv6 NAT VIP to the "
+                        "backends' cluster-side IPv6 addresses; tunnel: GUE over IPv6 to "
+                        "IPv6 backends)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="forwarding benchmark in the lab, writes JSON")

@@ -18,7 +18,11 @@ backends on another network behind a router namespace, each decapsulating with
 ``decap.bpf.o`` (XDP) and holding the VIP on loopback; the VIPs in ``mode:
 tunnel``, IPIP over IPv4 (with ``--ipv6``: GUE over IPv6, for an IPv4 and an
 IPv6 VIP). ``--ipv6`` alone: the one-LAN lab in dual stack, an IPv6 VIP beside
-the IPv4 one, the shares measured on the IPv6 VIP (DSR). NAT mode is IPv4 only.
+the IPv4 one, the shares measured on the IPv6 VIP (DSR). ``--mode nat --ipv6``:
+the two-network lab in dual stack (``GatewayLab(ipv6=True)``), an IPv6 NAT VIP
+beside the IPv4 one, the backends by their cluster-side IPv6 addresses, the shares
+measured on the IPv6 VIP; a build whose configuration or data plane has no IPv6
+NAT mode (the hello's "nat6") says so and stops.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def _table(title: str, weights: dict[str, float], report: dict) -> None:
 def _make_lab(mode: str, ipv6: bool = False) -> Lab:
     if mode == "nat":
         return GatewayLab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
-                          replace_stale=True)
+                          replace_stale=True, ipv6=ipv6)
     if mode == "tunnel":
         return TunnelLab(prefix="hlbdemo", backends=3, peer_xdp_pass=default_pass_obj(),
                          replace_stale=True)
@@ -83,6 +87,13 @@ def _describe(lab: Lab, mode: str) -> str:
                 f"backends {backends} / {six} on the backend network behind it, each "
                 f"decapsulating with decap.bpf.o (XDP) and holding the VIPs on lo; "
                 f"VIPs {', '.join(lab.vips)} port {LAB_PORT}")
+    if isinstance(lab, GatewayLab) and lab.ipv6:
+        six = ", ".join(lab.ip6_of(f"b{i}") for i in (1, 2, 3))
+        return (f"lab up ({mode}, dual stack): client {lab.ip_of('cli')} / "
+                f"{lab.ip6_of('cli')} on the client network, appliance {lab.ip_of('lb')} / "
+                f"{lab.ip6_of('lb')} (eth0) and {lab.gateway_ip} / {lab.gateway_ip6} (eth1), "
+                f"backends {backends} / {six} on the cluster network (default routes "
+                f"through eth1's addresses), VIPs {LAB_VIP} and {LAB_VIP6} port {LAB_PORT}")
     if lab.ipv6:
         six = ", ".join(lab.ip6_of(f"b{i}") for i in (1, 2, 3))
         return (f"lab up ({mode}, dual stack): client {lab.ip_of('cli')} / "
@@ -97,11 +108,13 @@ def _describe(lab: Lab, mode: str) -> str:
             f"backends {backends}, VIP {LAB_VIP}:{LAB_PORT}")
 
 
-def nat_unavailable(dataplane: str) -> str | None:
+def nat_unavailable(dataplane: str, ipv6: bool = False) -> str | None:
     """Why this build cannot run the NAT demo (its configuration refuses ``mode:
-    nat``), or None. Asked before a lab is built: nothing to tear down."""
-    appliance = LabAppliance(GatewayLab(prefix="hlbdemo"), Path("/nonexistent"), WEIGHTS,
-                             dataplane=dataplane, mode="nat")
+    nat``, with ``ipv6`` an IPv6 NAT VIP), or None. Asked before a lab is built:
+    nothing to tear down."""
+    appliance = LabAppliance(GatewayLab(prefix="hlbdemo", ipv6=ipv6), Path("/nonexistent"),
+                             WEIGHTS, dataplane=dataplane, mode="nat",
+                             **_appliance_options("nat", ipv6))
     return appliance.config_problem()
 
 
@@ -109,12 +122,9 @@ def run_demo(connections: int = 600, dataplane: str = "xdp", mode: str = "dsr",
              ipv6: bool = False) -> int:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "nat" and ipv6:
-        print("NAT mode is IPv4 only: run --ipv6 with --mode dsr or --mode tunnel")
-        return 2
-    if mode == "nat" and (why := nat_unavailable(dataplane)) is not None:
-        print(f"NAT mode is not available in this build yet: its configuration is "
-              f"refused:\n{why}")
+    if mode == "nat" and (why := nat_unavailable(dataplane, ipv6)) is not None:
+        print(f"{'IPv6 ' if ipv6 else ''}NAT mode is not available in this build yet: its "
+              f"configuration is refused:\n{why}")
         return 2
     options = _appliance_options(mode, ipv6)
     with tempfile.TemporaryDirectory(prefix="hpclb-demo-") as tmp, \
@@ -125,14 +135,20 @@ def run_demo(connections: int = 600, dataplane: str = "xdp", mode: str = "dsr",
                                  **options)
         try:
             with appliance:
+                if (mode == "nat" and ipv6 and "nat6" not in
+                        appliance.client.hello().get("capabilities", [])):
+                    print(f"IPv6 NAT mode: the {dataplane} data plane has no 'nat6' "
+                          f"capability")
+                    return 2
                 _show(lab, appliance, connections, LAB_VIP6 if ipv6 else LAB_VIP)
         except LabApplianceError as err:
             if mode != "nat":
                 raise
             logs = sorted((Path(tmp) / "run").glob("*.dataplane.log"))
             tail = logs[0].read_text()[-2000:] if logs else "(no data plane log)"
+            what = "IPv6 NAT mode (the hello's 'nat6')" if ipv6 else "NAT mode"
             print(f"NAT mode: the appliance did not start ({dataplane} data plane); "
-                  f"this build's data plane may not implement NAT mode yet:\n{err}\n"
+                  f"this build's data plane may not implement {what} yet:\n{err}\n"
                   f"data plane log:\n{tail}")
             return 2
     print("\nlab torn down")
@@ -165,3 +181,6 @@ def _show(lab: Lab, appliance: LabAppliance, connections: int, vip: str = LAB_VI
             print(f"backend b1 holds only {lo[3] if len(lo) > 3 else '?'} on lo; its "
                   f"default route: {lab.exec('b1', ['ip', 'route', 'show', 'default']).stdout}"
                   .rstrip())
+            if lab.ipv6:
+                route6 = lab.exec("b1", ["ip", "-6", "route", "show", "default"]).stdout
+                print(f"its IPv6 default route: {route6}".rstrip())

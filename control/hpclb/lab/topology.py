@@ -13,10 +13,9 @@ DAD wait and no autoconfiguration), ``fd48:4c00::2`` for the client, ``::3`` for
 appliance, ``fd48:4c00::(10+i)`` for backend i (``/64``); IPv6 VIPs lie in
 ``fd48:4c01::/64`` (default ``fd48:4c01::10``, added when ``vips`` names none), are held
 on ``lo`` by the appliance and the backends as the IPv4 ones are, and the client routes
-that prefix via the appliance's IPv6 address, whose neighbour entry on the client is
-static (the appliance's fixed MAC): a DPDK forwarder's exception path carries the
-appliance's IPv4 addresses to its TAP, not its IPv6 ones, so the appliance's kernel
-could not answer the client's Neighbor Solicitation behind it. Backends answer from the
+that prefix via the appliance's IPv6 address, resolved by NDP like any neighbour (in
+DPDK mode the exception path moves the appliance's IPv6 address to the forwarder's
+TAP, whose kernel answers the client's solicitation). Backends answer from the
 VIP (DSR); an IPv6 address on ``lo`` is never announced by NDP on ``eth0`` (Linux
 answers a solicitation only for an address of the interface it came in on), which is
 what ``arp_ignore`` does for IPv4. Bridge multicast snooping is off, so that NDP's
@@ -496,11 +495,7 @@ class Lab:
                      **({"flags": IFA_F_NODAD} if v6 else {}))
 
     def _client_route6(self, ipr: NetNS) -> None:
-        """The client's route to the IPv6 VIPs via the appliance, whose neighbour entry
-        is static (module doc: the DPDK forwarder's TAP carries no IPv6 address)."""
-        eth = ipr.link_lookup(ifname=ETH)[0]
-        ipr.neigh("add", dst=LB_IP6, lladdr=MAC_FMT.format(_last_octet(LB_IP)), ifindex=eth,
-                  state=NUD_PERMANENT)
+        """The client's route to the IPv6 VIPs via the appliance (resolved by NDP)."""
         net6, plen6 = VIP6_NET.split("/")
         ipr.route("add", dst=net6, dst_len=int(plen6), gateway=LB_IP6)
 
