@@ -10,7 +10,7 @@ from hpclb.dataplane.dpdk import find_dpdk_forwarder
 from hpclb.dataplane.supervisor import find_xdp_daemon
 
 from .harness import Harness
-from .natcase import NatCase, require_nat6
+from .natcase import NatCase, require_capability, require_nat6
 from .targets import DpdkTarget, Target, XdpTarget
 
 MODEL_PORT_MACS = ["02:00:00:00:00:01", "02:00:00:00:00:02"]
@@ -60,16 +60,27 @@ def dpdk_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     yield from _real_target("dpdk", tmp_path_factory)
 
 
-@pytest.fixture(params=["model", "xdp", "dpdk"])
-def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+def _session_harness(request: pytest.FixtureRequest,
+                     require: Callable[[Target], None] | None = None,
+                     conn_capacity: int | None = None) -> Iterator[Harness]:
+    """A harness on the model or the session's data plane (request.param),
+    after ``require`` has looked at the plane; its counters are checked after
+    the case."""
     target: Target | None = None
     port_macs = MODEL_PORT_MACS
     if request.param in ("xdp", "dpdk"):
         target = request.getfixturevalue(f"{request.param}_target")
+        if require is not None:
+            require(target)
         port_macs = target.port_macs
-    h = Harness(target, port_macs, conn_capacity=_capacity(target))
+    h = Harness(target, port_macs, conn_capacity=conn_capacity or _capacity(target))
     yield h
     h.check_counters()
+
+
+@pytest.fixture(params=["model", "xdp", "dpdk"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    yield from _session_harness(request)
 
 
 def _capacity(target: Target | None) -> int:
@@ -92,43 +103,20 @@ def _require_nat(target: Target, conn_table_size: int) -> None:
 @pytest.fixture(params=["model", "xdp", "dpdk"])
 def nat_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """A harness on the session's data plane, which must serve NAT mode."""
-    target: Target | None = None
-    port_macs = MODEL_PORT_MACS
-    if request.param in ("xdp", "dpdk"):
-        target = request.getfixturevalue(f"{request.param}_target")
-        _require_nat(target, CONN_TABLE_SIZE)
-        port_macs = target.port_macs
-    h = Harness(target, port_macs, conn_capacity=CONN_TABLE_SIZE)
-    yield h
-    h.check_counters()
+    yield from _session_harness(request, lambda t: _require_nat(t, CONN_TABLE_SIZE),
+                                CONN_TABLE_SIZE)
 
 
 def _require_tunnel(target: Target) -> None:
-    """Tunnel cases need the hello's "tunnel" capability. A plane without it
-    refuses mode 2 (set_vip): the case skips, saying so, except in CI, where
-    both planes must run them."""
-    if target.tunnel:
-        return
-    reason = (f"the {target.name} data plane's hello lacks the 'tunnel' capability: "
-              "tunnel mode cases skipped")
-    print(reason)
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the {target.name} tunnel conformance cases: {reason}")
-    pytest.skip(reason)
+    """Tunnel cases need the hello's "tunnel" capability (set_vip refuses
+    mode 2 without it)."""
+    require_capability(target, target.tunnel, "tunnel", "tunnel mode")
 
 
 @pytest.fixture(params=["model", "xdp", "dpdk"])
 def tunnel_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     """A harness on the session's data plane, which must serve tunnel mode."""
-    target: Target | None = None
-    port_macs = MODEL_PORT_MACS
-    if request.param in ("xdp", "dpdk"):
-        target = request.getfixturevalue(f"{request.param}_target")
-        _require_tunnel(target)
-        port_macs = target.port_macs
-    h = Harness(target, port_macs, conn_capacity=_capacity(target))
-    yield h
-    h.check_counters()
+    yield from _session_harness(request, _require_tunnel)
 
 
 @pytest.fixture(params=["model", "xdp", "dpdk"])

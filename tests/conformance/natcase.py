@@ -342,15 +342,33 @@ class NatCase:
         return icmp_error(self.family, src, dst, mac_src, mac_dst, itype, code, quote, **ip)
 
 
-def require_nat6(target: Target | None) -> None:
-    """IPv6 NAT cases need the hello's "nat6" capability. A plane without it
-    refuses an IPv6 NAT VIP (set_vip): the case skips, saying so, except in
-    CI, where both planes must run them."""
-    if target is None or target.nat6:
+def require_capability(target: Target | None, has: bool, capability: str, cases: str) -> None:
+    """Cases that need the hello's ``capability`` (``has``: the target's hello
+    lists it; the model has every one). A plane without it refuses what they
+    set up: the case skips, saying so, except in CI, where both planes must
+    run them."""
+    if target is None or has:
         return
-    reason = (f"the {target.name} data plane's hello lacks the 'nat6' capability: "
-              "IPv6 NAT mode cases skipped")
+    reason = (f"the {target.name} data plane's hello lacks the '{capability}' capability: "
+              f"{cases} cases skipped")
     print(reason)
     if os.environ.get("CI"):
-        pytest.fail(f"CI must run the {target.name} IPv6 NAT conformance cases: {reason}")
+        pytest.fail(f"CI must run the {target.name} {cases} conformance cases: {reason}")
     pytest.skip(reason)
+
+
+def require_nat6(target: Target | None) -> None:
+    """IPv6 NAT cases need the hello's "nat6" capability (set_vip refuses an
+    IPv6 NAT VIP without it)."""
+    require_capability(target, target is not None and target.nat6, "nat6", "IPv6 NAT mode")
+
+
+def assert_all_pass(h: Harness, frames: dict[str, list[bytes]]) -> None:
+    """Every frame, on either port, passes to the kernel unchanged, for the
+    reason it is filed under; no connection is made."""
+    for reason, group in frames.items():
+        for frame in group:
+            for port in (0, 1):
+                v = h.send(frame, port)
+                assert (v.action, v.reason, v.frame) == ("pass", reason, frame)
+    assert h.conns()["entries"] == 0

@@ -49,6 +49,7 @@ from .natcase import (
     ROUTER_MAC,
     Conn,
     NatCase,
+    assert_all_pass,
     backend_port,
     by_state,
     expected_snat,
@@ -325,12 +326,7 @@ def test_non_vip_traffic_passes_next_to_ipv6_nat(nat6: NatCase) -> None:
             bytes(eth / Dot1Q(vlan=7) / IPv6(src=src, dst=vip) / TCP(sport=23004, dport=80)),
         ],
     }
-    for reason, group in frames.items():
-        for frame in group:
-            for port in (0, 1):
-                v = h.send(frame, port)
-                assert (v.action, v.reason, v.frame) == ("pass", reason, frame)
-    assert h.conns()["entries"] == 0
+    assert_all_pass(h, frames)
 
 
 def test_ndp_for_an_ipv6_snat_address(nat6: NatCase) -> None:

@@ -9,17 +9,20 @@ answered each and how the connection ended (``reset``: an RST, ``closed``: a FIN
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hpclb.lab.appliance import LAB_PORT, LAB_VIP
+from hpclb.contract.flowhash import flow_slot
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.gateway import GatewayLab
 from hpclb.lab.topology import Lab
 
@@ -199,6 +202,25 @@ class Holder:
         self._log.close()
 
 
+@contextmanager
+def holders(lab: Lab, tmp_path: Path, **defaults: Any) -> Iterator[Callable[..., Holder]]:
+    """A function that starts Holders (``defaults``: Holder's keyword arguments
+    unless a call says otherwise); any still running on the way out is stopped."""
+    started: list[Holder] = []
+
+    def start(count: int, first: int, **kwargs: Any) -> Holder:
+        holder = Holder(lab, count, first, tmp_path / f"holder{len(started)}.log",
+                        **{**defaults, **kwargs})
+        started.append(holder)
+        return holder
+
+    try:
+        yield start
+    finally:
+        for holder in started:
+            holder.stop()
+
+
 def assert_all_held(conns: list[dict[str, Any]], *, backends: set[str] | None = None) -> None:
     """Every connection open, answered only by the backend that greeted it."""
     broken = [c for c in conns if c["error"] is not None or set(c["names"]) - {c["greeting"]}
@@ -240,6 +262,44 @@ def kill_connections(lab: GatewayLab, i: int, sports: set[int]) -> None:
     ports = " or ".join(f"dport = :{p}" for p in sorted(sports))
     lab.exec(f"b{i}", ["ss", "-K", "-Htn", "state", "established",
                        f"( sport = :{LAB_PORT} ) and ( {ports} )"], check=False)
+
+
+def counters(app: LabAppliance) -> dict[str, int]:
+    return dict(app.client.stats()["counters"])
+
+
+def _backends(app: LabAppliance, version: int) -> list[tuple[int, str, int]]:
+    """(data-plane id, lab name, state) of the backends of one IP version: backend
+    i is 198.19.0.(10+i) or fd48:4c03::(10+i) (hexadecimal)."""
+    size, first = (4, 10) if version == 4 else (16, 0x10)
+    return [(b["id"], f"b{bytes(b['addr'])[-1] - first}", b["state"])
+            for b in app.client.dump()["backends"] if len(bytes(b["addr"])) == size]
+
+
+def backend_names(app: LabAppliance, version: int = 4) -> dict[int, str]:
+    """Data-plane backend id -> lab name, of one IP version's backends."""
+    return {bid: name for bid, name, _state in _backends(app, version)}
+
+
+def backend_states(app: LabAppliance, version: int = 4) -> dict[str, int]:
+    return {name: state for _bid, name, state in _backends(app, version)}
+
+
+def vip_id(app: LabAppliance, vip: str, proto: int) -> int:
+    packed = ipaddress.ip_address(vip).packed
+    return next(int(v["vip_id"]) for v in app.client.dump()["vips"]
+                if bytes(v["addr"]) == packed and v["proto"] == proto)
+
+
+def predicted(app: LabAppliance, client: str, vip: str, proto: int,
+              sports: list[int]) -> dict[int, str]:
+    """Where the model puts each flow from client: the ring slot of its flow hash
+    (every backend up: the slot's own backend)."""
+    key = bytes(app.client.dump()["hash_key"])
+    ring = app.client.get_ring(vip_id(app, vip, proto))
+    names = backend_names(app, ipaddress.ip_address(vip).version)
+    return {sport: names[int(ring[flow_slot(key, client, vip, sport, LAB_PORT, proto,
+                                            len(ring))])] for sport in sports}
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

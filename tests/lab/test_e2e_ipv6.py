@@ -24,6 +24,8 @@ from hpclb.contract.flowhash import flow_slot
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
 
+from .flow_moves import check_a_backend_down_moves_only_its_flows
+
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP, hugepages)"
 )
@@ -120,17 +122,8 @@ def test_ipv6_flows_keep_their_backend_across_a_weight_change(
 
 def test_ipv6_backend_down_moves_its_flows_and_nothing_else(
         lab: Lab, appliance: LabAppliance) -> None:
-    before = lab.udp_flows(LAB_VIP6, LAB_PORT, "21000-21299")
-    assert set(before.values()) == set(WEIGHTS)
-    try:
-        appliance.set_state("b2", "down")
-        after = lab.udp_flows(LAB_VIP6, LAB_PORT, "21000-21299")
-        moved = [p for p in before if before[p] != after[p]]
-        assert moved and all(before[p] == "b2" for p in moved), "only b2's flows moved"
-        assert len(moved) == list(before.values()).count("b2")
-        assert "b2" not in after.values()
-    finally:
-        appliance.set_state("b2", "up")
+    check_a_backend_down_moves_only_its_flows(lab, appliance, LAB_VIP6, "21000-21299",
+                                              set(WEIGHTS))
 
 
 def test_icmpv6_to_the_appliance_is_the_kernels(lab: Lab, appliance: LabAppliance) -> None:

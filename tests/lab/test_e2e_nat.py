@@ -43,7 +43,6 @@ from typing import Any
 
 import pytest
 
-from hpclb.contract.flowhash import flow_slot
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.gateway import GatewayLab
 from hpclb.lab.topology import CLIENT_IP, default_pass_obj
@@ -53,9 +52,15 @@ from .nat_holder import (
     HOLD_TIMEOUT_S,
     Holder,
     assert_all_held,
+    backend_names,
+    backend_states,
     by_backend,
+    counters,
     established_peers,
+    holders,
     kill_connections,
+    predicted,
+    vip_id,
     wait_for,
 )
 
@@ -118,49 +123,11 @@ def first_port(dataplane: str, base: int, span: int) -> int:
 @pytest.fixture
 def hold(lab: GatewayLab, tmp_path: Path) -> Iterator[Callable[..., Holder]]:
     """Starts Holders (``nat_holder``); any still running after the test is stopped."""
-    holders: list[Holder] = []
-
-    def start(count: int, first: int, **kwargs: Any) -> Holder:
-        holder = Holder(lab, count, first, tmp_path / f"holder{len(holders)}.log", **kwargs)
-        holders.append(holder)
-        return holder
-
-    try:
+    with holders(lab, tmp_path) as start:
         yield start
-    finally:
-        for holder in holders:
-            holder.stop()
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def backend_names(app: LabAppliance) -> dict[int, str]:
-    """Data-plane backend id -> lab name (backend i is 198.19.0.(10+i))."""
-    return {b["id"]: f"b{bytes(b['addr'])[3] - 10}" for b in app.client.dump()["backends"]}
-
-
-def backend_states(app: LabAppliance) -> dict[str, int]:
-    return {f"b{bytes(b['addr'])[3] - 10}": b["state"] for b in app.client.dump()["backends"]}
-
-
-def vip_id(app: LabAppliance, proto: int) -> int:
-    return next(int(v["vip_id"]) for v in app.client.dump()["vips"] if v["proto"] == proto)
-
-
-def predicted(app: LabAppliance, lab: GatewayLab, proto: int, sports: list[int]) -> dict[int, str]:
-    """Where the model puts each flow from the client: the ring slot of its flow hash
-    (every backend up: the slot's own backend)."""
-    dump = app.client.dump()
-    key = bytes(dump["hash_key"])
-    ring = app.client.get_ring(vip_id(app, proto))
-    names = backend_names(app)
-    return {sport: names[int(ring[flow_slot(key, lab.ip_of("cli"), LAB_VIP, sport, LAB_PORT,
-                                            proto, len(ring))])] for sport in sports}
-
-
-def counters(app: LabAppliance) -> dict[str, int]:
-    return dict(app.client.stats()["counters"])
 
 
 def udp_flows(lab: GatewayLab, first: int, count: int) -> dict[str, str]:
@@ -186,11 +153,11 @@ def test_new_connections_follow_the_weights_and_backends_see_the_client(
         share = report["counts"].get(name, 0) / report["ok"]
         assert abs(share - weight / total) <= 0.05, (name, share, report["counts"])
     placements = {int(sport): name for sport, name in report["placements"].items()}
-    assert placements == predicted(app, lab, 6, list(range(first, first + 1000)))
+    assert placements == predicted(app, CLIENT_IP, LAB_VIP, 6, list(range(first, first + 1000)))
 
     udp_first = first_port(dataplane, 12000, 300)
     flows = {int(p): n for p, n in udp_flows(lab, udp_first, 300).items()}
-    assert len(flows) == 300 and flows == predicted(app, lab, 17, sorted(flows))
+    assert len(flows) == 300 and flows == predicted(app, CLIENT_IP, LAB_VIP, 17, sorted(flows))
     udp_shares = Counter(flows.values())
     assert all(abs(udp_shares[n] / 300 - w / total) <= 0.1 for n, w in WEIGHTS.items()), \
         udp_shares
@@ -230,11 +197,11 @@ def test_a_weight_change_keeps_established_connections_on_their_backend(
     udp_first = first_port(dataplane, 13200, 200)
     before = udp_flows(lab, udp_first, 200)
     assert set(before.values()) == set(BACKENDS)
-    ring = app.client.get_ring(vip_id(app, 6))
+    ring = app.client.get_ring(vip_id(app, LAB_VIP, 6))
 
     app.weights |= {"b1": 0.0, "b3": 0.5}
     app.reload()
-    changed = app.client.get_ring(vip_id(app, 6))
+    changed = app.client.get_ring(vip_id(app, LAB_VIP, 6))
     ids = {name: bid for bid, name in backend_names(app).items()}
     assert (ring != changed).any() and not (changed == ids["b1"]).any()
     at_reload = holder.report()

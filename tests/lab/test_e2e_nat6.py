@@ -31,7 +31,6 @@ asserts on speed.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
@@ -44,7 +43,6 @@ from typing import Any
 
 import pytest
 
-from hpclb.contract.flowhash import flow_slot
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance, LabApplianceError
 from hpclb.lab.gateway import GatewayLab
 from hpclb.lab.topology import CLIENT_IP6, default_pass_obj
@@ -54,9 +52,13 @@ from .nat_holder import (
     HOLD_TIMEOUT_S,
     Holder,
     assert_all_held,
+    backend_states,
     by_backend,
+    counters,
     established_peers,
+    holders,
     kill_connections,
+    predicted,
     wait_for,
 )
 
@@ -147,19 +149,8 @@ def _capabilities(app: LabAppliance) -> list[str]:
 def hold(lab: GatewayLab, tmp_path: Path) -> Iterator[Callable[..., Holder]]:
     """Starts Holders (on LAB_VIP6 unless told); any still running afterwards is
     stopped."""
-    holders: list[Holder] = []
-
-    def start(count: int, first: int, vip: str = LAB_VIP6, **kwargs: Any) -> Holder:
-        holder = Holder(lab, count, first, tmp_path / f"holder{len(holders)}.log", vip=vip,
-                        **kwargs)
-        holders.append(holder)
-        return holder
-
-    try:
+    with holders(lab, tmp_path, vip=LAB_VIP6) as start:
         yield start
-    finally:
-        for holder in holders:
-            holder.stop()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -168,37 +159,6 @@ def hold(lab: GatewayLab, tmp_path: Path) -> Iterator[Callable[..., Holder]]:
 def ports(app: LabAppliance, offset: int) -> int:
     """The first fixed source port of a test's range on this data plane."""
     return PORT_BASE[app.dataplane] + offset
-
-
-def backend_names(app: LabAppliance) -> dict[int, str]:
-    """Data-plane backend id -> lab name of the IPv6 backends (b i is fd48:4c03::(10+i))."""
-    return {b["id"]: f"b{bytes(b['addr'])[-1] - 0x10}" for b in app.client.dump()["backends"]
-            if len(bytes(b["addr"])) == 16}
-
-
-def backend_states(app: LabAppliance) -> dict[str, int]:
-    return {f"b{bytes(b['addr'])[-1] - 0x10}": b["state"]
-            for b in app.client.dump()["backends"] if len(bytes(b["addr"])) == 16}
-
-
-def vip_id(app: LabAppliance, vip: str, proto: int) -> int:
-    packed = ipaddress.ip_address(vip).packed
-    return next(int(v["vip_id"]) for v in app.client.dump()["vips"]
-                if bytes(v["addr"]) == packed and v["proto"] == proto)
-
-
-def predicted(app: LabAppliance, vip: str, proto: int, sports: list[int]) -> dict[int, str]:
-    """Where the model puts each flow from the client: the ring slot of its IPv6 flow
-    hash (every backend up: the slot's own backend)."""
-    key = bytes(app.client.dump()["hash_key"])
-    ring = app.client.get_ring(vip_id(app, vip, proto))
-    names = backend_names(app)
-    return {sport: names[int(ring[flow_slot(key, CLIENT_IP6, vip, sport, LAB_PORT, proto,
-                                            len(ring))])] for sport in sports}
-
-
-def counters(app: LabAppliance) -> dict[str, int]:
-    return dict(app.client.stats()["counters"])
 
 
 def udp_flows(lab: GatewayLab, vip: str, first: int, count: int) -> dict[int, str]:
@@ -261,10 +221,12 @@ def test_ipv6_nat_reaches_every_backend_and_backends_see_the_client(
         share = report["counts"].get(name, 0) / report["ok"]
         assert abs(share - weight / total) <= 0.07, (name, share, report["counts"])
     placements = {int(sport): name for sport, name in report["placements"].items()}
-    assert placements == predicted(appliance, LAB_VIP6, 6, list(range(first, first + 600)))
+    assert placements == predicted(appliance, CLIENT_IP6, LAB_VIP6, 6,
+                                   list(range(first, first + 600)))
 
     flows = udp_flows(lab, LAB_VIP6, ports(appliance, 1000), 200)
-    assert len(flows) == 200 and flows == predicted(appliance, LAB_VIP6, 17, sorted(flows))
+    assert len(flows) == 200
+    assert flows == predicted(appliance, CLIENT_IP6, LAB_VIP6, 17, sorted(flows))
     assert set(Counter(flows.values())) == set(BACKENDS), flows
 
     baseline = established_peers(lab)
@@ -393,7 +355,7 @@ def test_ipv6_backend_down_takes_no_new_flows_and_its_connections_are_reschedule
     lab.set_backend_link(2, up=False)
     try:
         appliance.wait_status(lambda s: not s["health"]["b2-v6"]["up"], what="b2 down")
-        wait_for(lambda: backend_states(appliance)["b2"] == DOWN, 10,
+        wait_for(lambda: backend_states(appliance, 6)["b2"] == DOWN, 10,
                  "b2 DOWN in the data plane")
         fresh = lab.run_client(LAB_VIP6, LAB_PORT, connections=200, concurrency=20)
         assert fresh["failures"] == 0 and "b2" not in fresh["counts"], fresh
@@ -413,7 +375,7 @@ def test_ipv6_backend_down_takes_no_new_flows_and_its_connections_are_reschedule
         lab.set_backend_link(2, up=True)
         kill_connections(lab, 2, on_b2)
     appliance.wait_status(lambda s: s["health"]["b2-v6"]["up"], what="b2 up again")
-    wait_for(lambda: backend_states(appliance)["b2"] != DOWN, 10, "b2 up in the data plane")
+    wait_for(lambda: backend_states(appliance, 6)["b2"] != DOWN, 10, "b2 up in the data plane")
     back = lab.run_client(LAB_VIP6, LAB_PORT, connections=100, concurrency=20)
     assert back["failures"] == 0 and back["counts"].get("b2", 0) > 0, (
         back, appliance.client.dump()["backends"], counters(appliance))

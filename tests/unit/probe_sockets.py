@@ -9,6 +9,16 @@ from contextlib import contextmanager
 WAIT = 10.0
 
 
+def has_ipv6_loopback() -> bool:
+    """Whether ::1 can be bound here (not so where IPv6 is disabled)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 @contextmanager
 def syn_dropping_port() -> Iterator[int]:
     """A listener that never accepts, backlog 0: once its accept queue holds one

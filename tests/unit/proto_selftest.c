@@ -609,6 +609,18 @@ static void test_families(struct lb_proto_server *srv)
 
 static const struct lb_config base_cfg = { .ring_size = RS };
 
+/* A server on the fake data plane (o: with or without the NAT hooks); the
+ * selftest cannot go on without one. */
+static struct lb_proto_server *server_new(const struct lb_dataplane_ops *o,
+					  const struct lb_proto_info *info)
+{
+	struct lb_proto_server *srv = lb_proto_server_new(o, NULL, info, &base_cfg);
+
+	if (!srv)
+		abort();
+	return srv;
+}
+
 /* The fake data plane as a data plane starts: empty tables, NAT defaults. */
 static void dp_reset(void)
 {
@@ -1127,6 +1139,30 @@ static void test_snat_rule(struct lb_proto_server *srv)
 }
 
 /* dump's "nat" and VIP "snat"; a set_nat built from the dump changes nothing. */
+/* Each VIP of a dump (its "vips" array) sent back as set_vip: accepted, and
+ * the VIP the server holds unchanged. */
+static void check_vips_round_trip(struct lb_proto_server *srv, const msgpack_object *vips)
+{
+	const struct lb_proto_state *st = lb_proto_server_state(srv);
+	char err[512];
+	struct w w;
+
+	for (uint32_t i = 0; vips && vips->type == MSGPACK_OBJECT_ARRAY && i < vips->via.array.size;
+	     i++) {
+		const msgpack_object *v = &vips->via.array.ptr[i];
+		struct lb_proto_vip old = st->vips[uget(v, "vip_id") % LB_MAX_VIPS];
+
+		w_init(&w, "set_vip", (int)v->via.map.size);
+		for (uint32_t k = 0; k < v->via.map.size; k++) {
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].key);
+			msgpack_pack_object(&w.pk, v->via.map.ptr[k].val);
+		}
+		CHECK(run(srv, &w, err, sizeof(err)), "set_vip from dump: %s", err);
+		CHECK(!memcmp(&old, &st->vips[uget(v, "vip_id") % LB_MAX_VIPS], sizeof(old)),
+		      "dump -> set_vip changed VIP %llu", (unsigned long long)uget(v, "vip_id"));
+	}
+}
+
 static void test_nat_dump(struct lb_proto_server *srv)
 {
 	const struct lb_proto_state *st = lb_proto_server_state(srv);
@@ -1202,19 +1238,7 @@ static void test_nat_dump(struct lb_proto_server *srv)
 	}
 	CHECK(run(srv, &w, err, sizeof(err)), "set_nat from dump: %s", err);
 	CHECK(!memcmp(&before, &st->nat, sizeof(before)), "dump -> set_nat changed the config");
-	for (uint32_t i = 0; vips && i < vips->via.array.size; i++) {
-		const msgpack_object *v = &vips->via.array.ptr[i];
-		struct lb_proto_vip old = st->vips[uget(v, "vip_id") % LB_MAX_VIPS];
-
-		w_init(&w, "set_vip", (int)v->via.map.size);
-		for (uint32_t k = 0; k < v->via.map.size; k++) {
-			msgpack_pack_object(&w.pk, v->via.map.ptr[k].key);
-			msgpack_pack_object(&w.pk, v->via.map.ptr[k].val);
-		}
-		CHECK(run(srv, &w, err, sizeof(err)), "set_vip from dump: %s", err);
-		CHECK(!memcmp(&old, &st->vips[uget(v, "vip_id") % LB_MAX_VIPS], sizeof(old)),
-		      "dump -> set_vip changed VIP %llu", (unsigned long long)uget(v, "vip_id"));
-	}
+	check_vips_round_trip(srv, vips);
 	rep_free(&rp);
 	check_mirror(srv, "NAT dump round trip");
 }
@@ -1305,26 +1329,27 @@ static void restore_bad(struct lb_proto_server *srv, const struct lb_proto_state
 	      "restore case %d changed the server", i);
 }
 
-static void test_nat_restore(void)
-{
-	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
-				      .conn_table_size = 4096 };
-	struct lb_proto_server *srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
-	struct lb_proto_state *good = restore_state(), *bad = restore_state();
-	const struct lb_proto_state *cur;
-	char why[256] = "", err[512];
-	struct w w;
-	int n = 0;
-
-	if (!srv)
-		abort();
-	cur = lb_proto_server_state(srv);
+/* One mutation of the good state, refused with needle: the restore cases'
+ * table rows. Uses the calling case's srv, good, bad and n. */
 #define BAD_CASE(mutation, needle)                                 \
 	do {                                                       \
 		memcpy(bad, good, sizeof(*bad));                   \
 		mutation;                                          \
 		restore_bad(srv, bad, needle, n++);                \
 	} while (0)
+
+static void test_nat_restore(void)
+{
+	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
+				      .conn_table_size = 4096 };
+	struct lb_proto_server *srv = server_new(&ops, &info);
+	struct lb_proto_state *good = restore_state(), *bad = restore_state();
+	const struct lb_proto_state *cur;
+	char why[256] = "", err[512];
+	struct w w;
+	int n = 0;
+
+	cur = lb_proto_server_state(srv);
 	BAD_CASE(bad->nat.snat_naddrs = 0; bad->nat.snat_addrs[0] = 0,
 		 "VIP 7: nat_flags 0x1 with mode 1 and 0 SNAT addresses");
 	BAD_CASE(bad->nat.snat_port_min = 0,
@@ -1353,7 +1378,6 @@ static void test_nat_restore(void)
 	BAD_CASE(bad->vips[7].mode = LB_MODE_TUNNEL, "VIP 7: mode 2");
 	BAD_CASE(bad->vips[7].key.family = LB_FAMILY_V6; bad->vips[7].key.addr.v6[15] = 7,
 		 "VIP 7: mode 1 (family 6) not served");
-#undef BAD_CASE
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == 0, "restore: %s", why);
 	CHECK(cur->vips[7].used && cur->vips[7].mode == LB_MODE_NAT &&
 	      cur->vips[7].nat_flags == LB_VIP_F_SNAT &&
@@ -1364,9 +1388,7 @@ static void test_nat_restore(void)
 	lb_proto_server_free(srv);
 
 	/* Without NAT mode: NAT VIPs and flags refused, st->nat ignored. */
-	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops_nonat, &info);
 	cur = lb_proto_server_state(srv);
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == -EINVAL &&
 	      strstr(why, "VIP 7: mode 1 (family 4) not served"), "non-NAT restore: %s", why);
@@ -1403,9 +1425,7 @@ static void test_no_nat(void)
 	struct w w;
 
 	dp_reset();
-	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops_nonat, &info);
 	vip_addr(a6, 16, 60);
 	w_init(&w, "hello", 0);
 	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "hello: %s", err);
@@ -1705,14 +1725,12 @@ static void test_tunnel_restore(void)
 	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
 				      .conn_table_size = 4096, .capabilities = caps,
 				      .tunnel = true };
-	struct lb_proto_server *srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	struct lb_proto_server *srv = server_new(&ops, &info);
 	struct lb_proto_state *good = restore_state(), *bad = restore_state();
 	const struct lb_proto_state *cur;
 	char why[256] = "";
 	int n = 100;
 
-	if (!srv)
-		abort();
 	cur = lb_proto_server_state(srv);
 	/* VIP 7 becomes a GUE tunnel VIP over IPv4. */
 	good->vips[7].mode = LB_MODE_TUNNEL;
@@ -1722,12 +1740,6 @@ static void test_tunnel_restore(void)
 	good->vips[7].tunnel_encap = LB_ENCAP_GUE;
 	good->vips[7].gue_port = htons(6080);
 	good->vips[7].tunnel_src_bits = 4;
-#define BAD_CASE(mutation, needle)                                 \
-	do {                                                       \
-		memcpy(bad, good, sizeof(*bad));                   \
-		mutation;                                          \
-		restore_bad(srv, bad, needle, n++);                \
-	} while (0)
 	BAD_CASE(bad->vips[7].gue_port = 0, "VIP 7: mode 2 with tunnel_src family 4, "
 		 "tunnel_encap 1, gue_port 0");
 	BAD_CASE(bad->vips[7].tunnel_encap = LB_ENCAP_IPIP, "tunnel_encap 0, gue_port 6080");
@@ -1743,7 +1755,6 @@ static void test_tunnel_restore(void)
 	BAD_CASE(bad->vips[7].mode = LB_MODE_DSR; bad->vips[7].tunnel_encap = 0;
 		 bad->vips[7].gue_port = 0, "VIP 7: mode 0 with tunnel_src family 4, "
 		 "tunnel_encap 0, gue_port 0, tunnel_src_bits 4");
-#undef BAD_CASE
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == 0, "tunnel restore: %s", why);
 	CHECK(cur->vips[7].used && !memcmp(&cur->vips[7], &good->vips[7], sizeof(good->vips[7])),
 	      "tunnel restore: not adopted");
@@ -1751,9 +1762,7 @@ static void test_tunnel_restore(void)
 
 	/* A plane without tunnel mode refuses to adopt a tunnel VIP. */
 	info.tunnel = false;
-	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops, &info);
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == -EINVAL &&
 	      strstr(why, "VIP 7: mode 2 (family 4) not served"), "non-tunnel restore: %s", why);
 	lb_proto_server_free(srv);
@@ -1777,9 +1786,7 @@ static void test_no_tunnel(void)
 
 	/* NAT, no tunnel. */
 	dp_reset();
-	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops, &info);
 	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, 1, -1, 4, -1);
 	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
 		      "(dsr) and 1 (nat) are implemented", "no-tunnel tunnel VIP");
@@ -1790,9 +1797,7 @@ static void test_no_tunnel(void)
 
 	/* Neither. */
 	dp_reset();
-	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops_nonat, &info);
 	req_tunnel_vip(&w, 50, a4, 4, LB_MODE_TUNNEL, src4, 4, -1, -1, -1, -1);
 	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 2, only 0 "
 		      "(dsr) is implemented", "bare tunnel VIP");
@@ -1802,9 +1807,7 @@ static void test_no_tunnel(void)
 	dp_reset();
 	info.tunnel = true;
 	info.capabilities = caps;
-	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops_nonat, &info);
 	w_set_vip(&w, 0, 50, a4, 4, LB_MODE_NAT);
 	expect_reject(srv, &w, "mode not supported by this data plane: field 'mode' is 1, only 0 "
 		      "(dsr) and 2 (tunnel) are implemented", "tunnel-only NAT VIP");

@@ -270,20 +270,7 @@ static void test_nat6_vips(struct lb_proto_server *srv)
 	w_init(&w, "dump", 0);
 	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "dump: %s", err);
 	vips = mget(rp.root, "vips");
-	for (uint32_t i = 0; vips && vips->type == MSGPACK_OBJECT_ARRAY && i < vips->via.array.size;
-	     i++) {
-		const msgpack_object *v = &vips->via.array.ptr[i];
-		struct lb_proto_vip old = st->vips[uget(v, "vip_id") % LB_MAX_VIPS];
-
-		w_init(&w, "set_vip", (int)v->via.map.size);
-		for (uint32_t k = 0; k < v->via.map.size; k++) {
-			msgpack_pack_object(&w.pk, v->via.map.ptr[k].key);
-			msgpack_pack_object(&w.pk, v->via.map.ptr[k].val);
-		}
-		CHECK(run(srv, &w, err, sizeof(err)), "set_vip from dump: %s", err);
-		CHECK(!memcmp(&old, &st->vips[uget(v, "vip_id") % LB_MAX_VIPS], sizeof(old)),
-		      "dump -> set_vip changed VIP %llu", (unsigned long long)uget(v, "vip_id"));
-	}
+	check_vips_round_trip(srv, vips);
 	rep_free(&rp);
 
 	/* Without snat the IPv6 pool is free again. */
@@ -313,22 +300,14 @@ static void test_nat6_restore(void)
 	static const char *const caps[] = { "dsr", "nat", "nat6", NULL };
 	struct lb_proto_info info = { .dataplane = "test", .attach_mode = "none", .nports = 1,
 				      .conn_table_size = 4096, .capabilities = caps, .nat6 = true };
-	struct lb_proto_server *srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
+	struct lb_proto_server *srv = server_new(&ops, &info);
 	struct lb_proto_state *good = restore_state6(), *bad = restore_state6();
 	const struct lb_proto_state *cur;
 	char why[256] = "", err[512];
 	struct w w;
 	int n = 100;
 
-	if (!srv)
-		abort();
 	cur = lb_proto_server_state(srv);
-#define BAD_CASE(mutation, needle)                                 \
-	do {                                                       \
-		memcpy(bad, good, sizeof(*bad));                   \
-		mutation;                                          \
-		restore_bad(srv, bad, needle, n++);                \
-	} while (0)
 	/* An IPv4 pool does not serve an IPv6 SNAT VIP. */
 	BAD_CASE(bad->nat.snat_naddrs6 = 0; memset(&bad->nat.snat_addrs6[0], 0, 16);
 		 bad->nat.snat_addrs[0] = htonl(0xc6336409); bad->nat.snat_naddrs = 1,
@@ -341,7 +320,6 @@ static void test_nat6_restore(void)
 		 "field 'snat_addrs6': entry 3 past the 1 addresses is ::1, not 0");
 	BAD_CASE(bad->nat.snat_naddrs6 = LB_MAX_SNAT_ADDRS + 1,
 		 "field 'snat_addrs' has 17 IPv6 entries, at most 16 of each family allowed");
-#undef BAD_CASE
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == 0, "IPv6 restore: %s", why);
 	CHECK(cur->vips[7].used && cur->vips[7].mode == LB_MODE_NAT &&
 	      cur->vips[7].key.family == LB_FAMILY_V6 && cur->vips[7].nat_flags == LB_VIP_F_SNAT &&
@@ -353,9 +331,7 @@ static void test_nat6_restore(void)
 
 	/* Without nat6: neither the IPv6 pool nor the IPv6 NAT VIP. */
 	info.nat6 = false;
-	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops, &info);
 	CHECK(lb_proto_server_restore(srv, good, why, sizeof(why)) == -EINVAL &&
 	      strstr(why, "NAT configuration: 1 IPv6 SNAT addresses on a data plane without NAT "
 		     "mode for IPv6"), "non-nat6 restore: %s", why);
@@ -385,9 +361,7 @@ static void test_nat6(void)
 
 	dp_reset();
 	mirror_nat6 = true;
-	srv = lb_proto_server_new(&ops, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops, &info);
 	w_init(&w, "hello", 0);
 	CHECK(run_rep(srv, &w, &rp, err, sizeof(err)), "hello: %s", err);
 	cap = mget(rp.root, "capabilities");
@@ -405,9 +379,7 @@ static void test_nat6(void)
 
 	/* nat6 without the NAT hooks means nothing: an IPv6 NAT VIP is refused. */
 	dp_reset();
-	srv = lb_proto_server_new(&ops_nonat, NULL, &info, &base_cfg);
-	if (!srv)
-		abort();
+	srv = server_new(&ops_nonat, &info);
 	{
 		__u8 v6[16];
 

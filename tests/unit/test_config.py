@@ -23,7 +23,7 @@ from hpclb.config import (
 from hpclb.config import loader as config_loader
 from hpclb.contract.tables import MAX_BACKENDS, MAX_VIPS
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
+from .config_cases import EXAMPLES
 
 BASE = """\
 appliance:

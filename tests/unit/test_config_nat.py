@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 
 from hpclb.config import (
-    ConfigError,
     ConnTimeouts,
     HpclbConfig,
     NatDownPolicy,
@@ -36,7 +35,7 @@ from hpclb.controller.core import Controller, Prepared, nat_tables, vip_entry
 from hpclb.controller.ids import Checkpoint
 from hpclb.dataplane.select import Choice, Dataplane, dataplane_argv, dpdk_launch, xdp_argv
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
+from .config_cases import EXAMPLES, assert_refused, line_of, refused
 
 NAT = """\
 appliance:
@@ -84,17 +83,6 @@ pools:
   web: {backends: [{name: b1, address: 10.30.0.11, via: eth1}]}
 vips: [{name: web, address: 192.0.2.30, port: 80, mode: nat, pool: web}]
 """
-
-
-def line_of(text: str, needle: str) -> int:
-    """1-based line of the first occurrence of ``needle``."""
-    return text[: text.index(needle)].count("\n") + 1
-
-
-def refused(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        parse_config(text, "t.yaml")
-    return str(info.value)
 
 
 # --- what is accepted, and the defaults -------------------------------------------
@@ -240,13 +228,7 @@ CROSS_FIELD = {
      "pool 'web' has b2 on the ingress interface eth0 (no `via`)"),
 ])
 def test_refusals_name_line_and_field(old: str, new: str, path: str, words: str) -> None:
-    assert old in NAT, old
-    text = NAT.replace(old, new, 1)
-    [line] = [m for m in refused(text).splitlines() if f": {path}: " in m]
-    assert words in line, line
-    # on the line of the value, or of the setting a cross-field problem is about
-    at = CROSS_FIELD.get((old, path), new)
-    assert line.startswith(f"t.yaml:{line_of(text, at)}:"), line
+    assert_refused(NAT, old, new, path, words, CROSS_FIELD.get((old, path), new))
 
 
 def test_snat_asked_for_without_addresses() -> None:

@@ -16,7 +16,8 @@ from hpclb.config import load_config, parse_config
 from hpclb.contract.tables import VipMode
 from hpclb.controller.core import nat_tables, vip_entry
 
-from .test_config_nat import EXAMPLES, built, line_of, refused
+from .config_cases import EXAMPLES, assert_refused, refused
+from .test_config_nat import built
 
 NAT6 = """\
 appliance:
@@ -116,12 +117,7 @@ CROSS_FIELD = {
      "backend 'v1' is IPv4 and NAT VIP 'web6' (2001:db8::30) IPv6"),
 ])
 def test_refusals_name_line_and_field(old: str, new: str, path: str, words: str) -> None:
-    assert old in NAT6, old
-    text = NAT6.replace(old, new, 1)
-    [line] = [m for m in refused(text).splitlines() if f": {path}: " in m]
-    assert words in line, line
-    at = CROSS_FIELD.get((old, path), new)
-    assert line.startswith(f"t.yaml:{line_of(text, at)}:"), line
+    assert_refused(NAT6, old, new, path, words, CROSS_FIELD.get((old, path), new))
 
 
 def test_an_ipv4_pool_address_serves_only_ipv4_vips() -> None:

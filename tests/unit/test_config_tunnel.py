@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpclb.config import ConfigError, HpclbConfig, TunnelEncap, load_config, parse_config
+from hpclb.config import HpclbConfig, TunnelEncap, load_config, parse_config
 from hpclb.contract.tables import (
     GUE_PORT_DEFAULT,
     MAX_BACKENDS,
@@ -31,7 +31,7 @@ from hpclb.controller.preflight import host_problems
 from hpclb.dataplane.select import Choice, Dataplane, dataplane_argv
 from hpclb.host.neighbours import NeighbourError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "appliance" / "examples"
+from .config_cases import EXAMPLES, assert_refused, line_of
 
 TUNNEL = """\
 appliance:
@@ -61,16 +61,6 @@ vips:
      tunnel: {source: 10.0.0.0/8}}
   - {name: dsr6, address: '2001:db8::52', port: 80, pool: near6}
 """
-
-
-def line_of(text: str, needle: str) -> int:
-    return text[: text.index(needle)].count("\n") + 1
-
-
-def refused(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        parse_config(text, "t.yaml")
-    return str(info.value)
 
 
 # --- accepted, and what it means ------------------------------------------------------
@@ -243,13 +233,8 @@ CROSS_FIELD = {
      "include the address of VIP 'v6', 2001:db8::51"),
 ])
 def test_refusals_name_line_and_field(old: str, new: str, path: str, words: str) -> None:
-    assert old in TUNNEL, old
-    text = TUNNEL.replace(old, new, 1)
-    lines = [m for m in refused(text).splitlines() if f": {path}: " in m]
-    assert lines, refused(text)
-    assert words in lines[0], lines[0]
-    at = CROSS_FIELD.get((old, path), new or "name: ipip")
-    assert lines[0].startswith(f"t.yaml:{line_of(text, at)}:"), (lines[0], at)
+    assert_refused(TUNNEL, old, new, path, words,
+                   CROSS_FIELD.get((old, path), new or "name: ipip"), single=False)
 
 
 # --- a reload -----------------------------------------------------------------------

@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,6 +61,8 @@ from hpclb.host import install
 from hpclb.host import netns as host_netns
 from hpclb.lab import dpdk_telemetry
 
+from .exception_ns import appliance_and_client, probe_vip, sh, veth_netns
+
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0,
@@ -69,21 +70,10 @@ pytestmark = [
 ]
 
 
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"hlbf-{uuid.uuid4().hex[:8]}"
-    sh("ip", "netns", "add", name)
-    try:
-        sh("ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-        sh("ip", "-n", name, "link", "set", "d0", "up")
-        sh("ip", "-n", name, "link", "set", "d1", "up")
+    with veth_netns("hlbf") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def launch(netns: str, tmp: Path, **kw: object) -> DpdkLaunch:
@@ -229,62 +219,16 @@ def test_addresses_move_to_the_tap_and_back(netns: str, tmp_path: Path) -> None:
     assert "dev d0" in sh("ip", "-n", netns, "route", "show", "198.19.0.0/16")
 
 
-# From the client namespace: one UDP datagram and one TCP connect to VIP:9
-# (nothing listens there); prints what came back.
-PROBE_VIP = r"""
-import socket, sys
-vip = sys.argv[1]
-res = []
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.settimeout(0.4)
-u.connect((vip, 9))
-try:
-    u.send(b"x")
-    u.recv(16)
-    res.append("udp-answer")
-except ConnectionRefusedError:
-    res.append("udp-icmp")
-except socket.timeout:
-    try:
-        u.send(b"x")  # a late ICMP error is reported on the next call
-        res.append("udp-silent")
-    except ConnectionRefusedError:
-        res.append("udp-icmp")
-t = socket.socket()
-t.settimeout(0.4)
-try:
-    t.connect((vip, 9))
-    res.append("tcp-open")
-except ConnectionRefusedError:
-    res.append("tcp-rst")
-except OSError:
-    res.append("tcp-silent")
-print(" ".join(res))
-"""
-
-
 @pytest.fixture
 def two_namespaces() -> Iterator[tuple[str, str]]:
     """An appliance namespace (198.18.7.2 on d0, the VIPs 198.18.1.10 and .11
     on lo, as the lab's appliance holds them) and a client namespace routing
     198.18.1.0/24 through it."""
-    app, cli = (f"hlbv-{uuid.uuid4().hex[:8]}" for _ in range(2))
-    for name in (app, cli):
-        sh("ip", "netns", "add", name)
-    try:
-        sh("ip", "-n", app, "link", "add", "d0", "type", "veth", "peer", "name", "d1",
-           "netns", cli)
-        for ns, dev, addr in ((app, "d0", "198.18.7.2/24"), (cli, "d1", "198.18.7.1/24")):
-            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-        sh("ip", "-n", app, "link", "set", "lo", "up")
+    with appliance_and_client("hlbv", "198.18.7.2/24", "198.18.7.1/24") as (app, cli):
         for vip in ("198.18.1.10", "198.18.1.11"):
             sh("ip", "-n", app, "addr", "add", f"{vip}/32", "dev", "lo")
         sh("ip", "-n", cli, "route", "add", "198.18.1.0/24", "via", "198.18.7.2")
         yield app, cli
-    finally:
-        for name in (app, cli):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def test_the_kernel_gives_up_the_vips_silently_and_gets_them_back(
@@ -296,7 +240,7 @@ def test_the_kernel_gives_up_the_vips_silently_and_gets_them_back(
     app, cli = two_namespaces
 
     def probe(vip: str) -> str:
-        return sh("ip", "netns", "exec", cli, sys.executable, "-c", PROBE_VIP, vip).strip()
+        return probe_vip(cli, vip)
 
     def lo() -> str:
         return sh("ip", "-n", app, "-4", "-o", "addr", "show", "dev", "lo")

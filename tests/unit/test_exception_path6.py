@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +18,14 @@ import pytest
 
 from hpclb.dataplane import exception_path
 
+from .exception_ns import appliance_and_client, probe_vip, sh, veth_netns
+
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces"),
 ]
 
 NO_DAD = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
-
-
-def sh(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
 
 def addrs6(ns: str, dev: str) -> str:
@@ -46,19 +41,12 @@ def netns() -> Iterator[str]:
     """d0 (the kernel interface: 198.18.7.2/24 and fd00:7::2/64, a static IPv6
     route and an IPv6 default route) and its veth peer d1, all up; the TAP is
     made by each test (a veth end stands in for it)."""
-    name = f"hlb6-{uuid.uuid4().hex[:8]}"
-    sh("ip", "netns", "add", name)
-    try:
-        sh("ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-        for dev in ("d0", "d1"):
-            sh("ip", "-n", name, "link", "set", dev, "up")
+    with veth_netns("hlb6") as name:
         sh("ip", "-n", name, "addr", "add", "198.18.7.2/24", "dev", "d0")
         sh("ip", "-n", name, "addr", "add", "fd00:7::2/64", "dev", "d0", "nodad")
         sh("ip", "-n", name, "route", "add", "fd01::/48", "via", "fd00:7::1", "dev", "d0")
         sh("ip", "-n", name, "route", "add", "default", "via", "fe80::1", "dev", "d0")
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def make_tap(ns: str) -> None:
@@ -122,39 +110,6 @@ def test_a_record_from_before_ipv6_is_completed_and_given_back(netns: str,
     assert "via fd00:7::1 dev d0" in routes6(netns, "fd01::/48")
 
 
-# From the client namespace: one UDP datagram and one TCP connect to [VIP]:9
-# (nothing listens there); prints what came back.
-PROBE_VIP6 = r"""
-import socket, sys
-vip = sys.argv[1]
-res = []
-u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-u.settimeout(0.4)
-u.connect((vip, 9))
-try:
-    u.send(b"x")
-    u.recv(16)
-    res.append("udp-answer")
-except ConnectionRefusedError:
-    res.append("udp-icmp")
-except socket.timeout:
-    try:
-        u.send(b"x")  # a late ICMPv6 error is reported on the next call
-        res.append("udp-silent")
-    except ConnectionRefusedError:
-        res.append("udp-icmp")
-t = socket.socket(socket.AF_INET6)
-t.settimeout(0.4)
-try:
-    t.connect((vip, 9))
-    res.append("tcp-open")
-except ConnectionRefusedError:
-    res.append("tcp-rst")
-except OSError:
-    res.append("tcp-silent")
-print(" ".join(res))
-"""
-
 VIPS6 = ("fd00:1::10", "fd00:1::11")
 
 
@@ -163,26 +118,13 @@ def two_namespaces() -> Iterator[tuple[str, str]]:
     """An appliance namespace (fd00:7::2/64 on d0; the VIPs fd00:1::10, ::11 and
     198.18.1.10 on lo) and a client namespace (fd00:7::1/64) routing
     fd00:1::/64 through it."""
-    app, cli = (f"hlb6v-{uuid.uuid4().hex[:8]}" for _ in range(2))
-    for name in (app, cli):
-        sh("ip", "netns", "add", name)
-    try:
-        for name in (app, cli):
-            sh("ip", "netns", "exec", name, "sysctl", "-qw", *NO_DAD)
-        sh("ip", "-n", app, "link", "add", "d0", "type", "veth", "peer", "name", "d1",
-           "netns", cli)
-        for ns, dev, addr in ((app, "d0", "fd00:7::2/64"), (cli, "d1", "fd00:7::1/64")):
-            sh("ip", "-n", ns, "addr", "add", addr, "dev", dev, "nodad")
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-        sh("ip", "-n", app, "link", "set", "lo", "up")
+    with appliance_and_client("hlb6v", "fd00:7::2/64", "fd00:7::1/64", "nodad",
+                              sysctls=NO_DAD) as (app, cli):
         for vip in VIPS6:
             sh("ip", "-n", app, "addr", "add", f"{vip}/128", "dev", "lo")
         sh("ip", "-n", app, "addr", "add", "198.18.1.10/32", "dev", "lo")
         sh("ip", "-n", cli, "route", "add", "fd00:1::/64", "via", "fd00:7::2")
         yield app, cli
-    finally:
-        for name in (app, cli):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def test_the_kernel_gives_up_ipv6_vips_silently_and_gets_them_back(
@@ -190,7 +132,7 @@ def test_the_kernel_gives_up_ipv6_vips_silently_and_gets_them_back(
     app, cli = two_namespaces
 
     def probe(vip: str) -> str:
-        return sh("ip", "netns", "exec", cli, sys.executable, "-c", PROBE_VIP6, vip).strip()
+        return probe_vip(cli, vip)
 
     def lo() -> str:
         return sh("ip", "-n", app, "-o", "addr", "show", "dev", "lo")

@@ -44,7 +44,7 @@ from hpclb.health.http import build_request, host_header, parse_status
 from hpclb.health.icmp import checksum, echo6_request, echo_request
 from hpclb.host.netns import new_netns
 
-from .probe_sockets import syn_dropping_port
+from .probe_sockets import has_ipv6_loopback, syn_dropping_port
 
 ROOT = os.geteuid() == 0
 T = TypeVar("T")
@@ -56,15 +56,6 @@ WAIT = 10.0
 #: makes it usable at once (no duplicate address detection).
 OTHER6 = "fd00:1b::2"
 IFA_F_NODAD = 0x02
-
-
-def has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
 
 
 def wait_until_usable(address: str) -> None:
@@ -182,25 +173,31 @@ def test_icmp_loopback_answers_one_socket_many_targets() -> None:
 
 
 @root_only
-def test_icmp_unanswered_times_out_and_unroutable_fails_at_once() -> None:
+@pytest.mark.parametrize(("family", "here", "nowhere"), [
+    (socket.AF_INET, "127.0.0.1", "192.0.2.1"),
+    (socket.AF_INET6, "::1", "2001:db8::1"),
+], ids=["icmp", "icmp6"])
+def test_icmp_unanswered_times_out_and_unroutable_fails_at_once(
+        family: int, here: str, nowhere: str) -> None:
     async def main() -> tuple[Any, ...]:
-        pinger = IcmpPinger()
-        silent = await pinger.ping("127.0.0.1", 0.3)  # echo ignored in this namespace
-        unroutable = await pinger.ping("192.0.2.1", WAIT)  # only lo: no route at all
+        pinger = IcmpPinger(family=family)
+        silent = await pinger.ping(here, 0.3)  # echo ignored in this namespace
+        unroutable = await pinger.ping(nowhere, WAIT)  # only lo: no route at all
         counters = dict(pinger.counters)
         pinger.close()
         return silent, unroutable, counters
 
     silent, unroutable, counters = in_fresh_netns(main, echo=False)
     assert (silent.ok, silent.rtt_ms, silent.reason) == (False, None, "timeout")
-    assert not unroutable.ok and unroutable.reason.startswith("send:")
+    assert not unroutable.ok and unroutable.reason.startswith("send:"), unroutable
+    if family == socket.AF_INET6:
+        assert not unroutable.local
     assert counters["timeouts"] == 1 and counters["send_errors"] == 1
     assert counters["replies"] == 0
 
 
-@root_only
-def test_icmp_falls_back_to_a_ping_socket_when_raw_is_refused(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def refuse_raw_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """socket.socket refuses SOCK_RAW as an unprivileged user's would; the rest pass."""
     real_socket = socket.socket
 
     def no_raw(family: int = -1, type: int = -1, proto: int = -1, *a: Any) -> socket.socket:
@@ -209,6 +206,12 @@ def test_icmp_falls_back_to_a_ping_socket_when_raw_is_refused(
         return real_socket(family, type, proto, *a)
 
     monkeypatch.setattr(socket, "socket", no_raw)
+
+
+@root_only
+def test_icmp_falls_back_to_a_ping_socket_when_raw_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_raw_sockets(monkeypatch)
 
     async def main() -> tuple[str, bool]:
         pinger = IcmpPinger()  # mode auto
@@ -256,15 +259,21 @@ class Reflector:
         s.close()
 
     @staticmethod
-    def reply(request: bytes, *, ident_delta: int = 0, seq_delta: int = 0,
-              flip_token: bool = False) -> bytes:
-        _, _, _, ident, seq = struct.unpack_from("!BBHHH", request)
-        payload = bytearray(request[8:])
-        if flip_token:
-            payload[0] ^= 0xFF
-        body = struct.pack("!BBHHH", 0, 0, 0, (ident + ident_delta) & 0xFFFF,
-                           (seq + seq_delta) & 0xFFFF) + bytes(payload)
+    def reply(request: bytes, **changes: Any) -> bytes:
+        body = echo_reply(request, 0, **changes)
         return body[:2] + struct.pack("!H", checksum(body)) + body[4:]
+
+
+def echo_reply(request: bytes, rtype: int, *, ident_delta: int = 0, seq_delta: int = 0,
+               flip_token: bool = False) -> bytes:
+    """The echo reply of type rtype to an echo request (ICMP or ICMPv6), checksum 0,
+    its identifier or sequence number off by a delta, or its token forged."""
+    _, _, _, ident, seq = struct.unpack_from("!BBHHH", request)
+    payload = bytearray(request[8:])
+    if flip_token:
+        payload[0] ^= 0xFF
+    return struct.pack("!BBHHH", rtype, 0, 0, (ident + ident_delta) & 0xFFFF,
+                       (seq + seq_delta) & 0xFFFF) + bytes(payload)
 
 
 @root_only
@@ -430,34 +439,9 @@ def test_icmp6_loopback_answers_many_probes_on_one_socket() -> None:
 
 
 @root_only
-def test_icmp6_unanswered_times_out_and_unroutable_fails_at_once() -> None:
-    async def main() -> tuple[Any, ...]:
-        pinger = IcmpPinger(family=socket.AF_INET6)
-        silent = await pinger.ping("::1", 0.3)  # echo ignored in this namespace
-        unroutable = await pinger.ping("2001:db8::1", WAIT)  # only lo: no route at all
-        counters = dict(pinger.counters)
-        pinger.close()
-        return silent, unroutable, counters
-
-    silent, unroutable, counters = in_fresh_netns(main, echo=False)
-    assert (silent.ok, silent.rtt_ms, silent.reason) == (False, None, "timeout")
-    assert not unroutable.ok and not unroutable.local
-    assert unroutable.reason.startswith("send:"), unroutable
-    assert counters["timeouts"] == 1 and counters["send_errors"] == 1
-    assert counters["replies"] == 0
-
-
-@root_only
 def test_icmp6_falls_back_to_a_ping_socket_when_raw_is_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    real_socket = socket.socket
-
-    def no_raw(family: int = -1, type: int = -1, proto: int = -1, *a: Any) -> socket.socket:
-        if type == socket.SOCK_RAW:
-            raise PermissionError(1, "Operation not permitted")
-        return real_socket(family, type, proto, *a)
-
-    monkeypatch.setattr(socket, "socket", no_raw)
+    refuse_raw_sockets(monkeypatch)
 
     async def main() -> tuple[str, list[bool]]:
         pinger = IcmpPinger(family=socket.AF_INET6)  # mode auto
@@ -508,14 +492,8 @@ class Reflector6:
         s.close()
 
     @staticmethod
-    def reply(request: bytes, *, ident_delta: int = 0, seq_delta: int = 0,
-              flip_token: bool = False) -> bytes:
-        _, _, _, ident, seq = struct.unpack_from("!BBHHH", request)
-        payload = bytearray(request[8:])
-        if flip_token:
-            payload[0] ^= 0xFF
-        return struct.pack("!BBHHH", icmp_mod.ECHO6_REPLY, 0, 0, (ident + ident_delta) & 0xFFFF,
-                           (seq + seq_delta) & 0xFFFF) + bytes(payload)
+    def reply(request: bytes, **changes: Any) -> bytes:
+        return echo_reply(request, icmp_mod.ECHO6_REPLY, **changes)
 
 
 @root_only

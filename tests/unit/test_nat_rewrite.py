@@ -158,28 +158,35 @@ def nat(h: Harness, frame: bytes, side: str, addr: str, port: int) -> str:
 
 
 def expect_nat(frame: bytes, proto: str, side: str, addr: str, port: int) -> bytes:
-    """scapy's rebuild of the frame with the new address and port."""
+    """scapy's rebuild of the frame (IPv4 or IPv6) with the new address and port."""
     pkt = Ether(frame)
-    ip, l4 = pkt[IP], pkt[L4[proto]]
+    ip, l4 = (pkt[IPv6] if IPv6 in pkt else pkt[IP]), pkt[L4[proto]]
     if side == "D":
         ip.dst, l4.dport = addr, port
     else:
         ip.src, l4.sport = addr, port
-    del ip.chksum
+    if isinstance(ip, IP):
+        del ip.chksum
     if not (proto == "udp" and l4.chksum == 0):  # RFC 768: 0 is "none", stays 0
         del l4.chksum
     return bytes(pkt)
 
 
-def l4_packet(proto: str, src: str, dst: str, sport: int, dport: int, payload: bytes,
-              options: list | None = None, udp_zero: bool = False, ip_id: int = 1) -> IP:
-    ip = IP(src=src, dst=dst, id=ip_id, options=options or [])
+def with_l4(ip: Packet, proto: str, sport: int, dport: int, payload: bytes,
+            udp_zero: bool = False, flags: str = "PA") -> Packet:
+    """ip (either family) carrying a TCP segment or a UDP datagram."""
     if proto == "tcp":
-        return ip / TCP(sport=sport, dport=dport, seq=0x01020304, flags="PA") / payload
+        return ip / TCP(sport=sport, dport=dport, seq=0x01020304, flags=flags) / payload
     udp = UDP(sport=sport, dport=dport)
     if udp_zero:
         udp.chksum = 0
     return ip / udp / payload
+
+
+def l4_packet(proto: str, src: str, dst: str, sport: int, dport: int, payload: bytes,
+              options: list | None = None, udp_zero: bool = False, ip_id: int = 1) -> IP:
+    ip = IP(src=src, dst=dst, id=ip_id, options=options or [])
+    return with_l4(ip, proto, sport, dport, payload, udp_zero)
 
 
 def frame_of(ip: Packet, vlan: bool = False, pad: int = 0) -> bytes:
@@ -522,29 +529,11 @@ def l4_packet6(proto: str, src: str, dst: str, sport: int, dport: int, payload: 
     pkt: Packet = IPv6(src=src, dst=dst, hlim=60)
     for kind in ext or []:
         pkt = pkt / ext_header(kind, ext_size)
-    if proto == "tcp":
-        return pkt / TCP(sport=sport, dport=dport, seq=0x01020304, flags=flags) / payload
-    udp = UDP(sport=sport, dport=dport)
-    if udp_zero:
-        udp.chksum = 0
-    return pkt / udp / payload
+    return with_l4(pkt, proto, sport, dport, payload, udp_zero, flags)
 
 
 def nat6(h: Harness, frame: bytes, side: str, addr: str, port: int) -> str:
     return h.ask(f"n {side} {a6(addr)} {port} {frame.hex()}")
-
-
-def expect_nat6(frame: bytes, proto: str, side: str, addr: str, port: int) -> bytes:
-    """scapy's rebuild of the frame with the new address and port."""
-    pkt = Ether(frame)
-    ip, l4 = pkt[IPv6], pkt[L4[proto]]
-    if side == "D":
-        ip.dst, l4.dport = addr, port
-    else:
-        ip.src, l4.sport = addr, port
-    if not (proto == "udp" and l4.chksum == 0):  # 0 stays 0, as for IPv4
-        del l4.chksum
-    return bytes(pkt)
 
 
 def l4_sum6(frame: bytes, proto: str) -> int:
@@ -567,7 +556,7 @@ def test_nat6_rewrite_matches_scapy(harness: Harness, proto: str, side: str, sha
                      vlan="vlan" in shape, pad=12 if shape == "padded" else 0)
     addr, port = (BACKEND6, 8443) if side == "D" else (SNAT6, 1234)
     got = nat6(harness, frame, side, addr, port)
-    want = expect_nat6(frame, proto, side, addr, port)
+    want = expect_nat(frame, proto, side, addr, port)
     assert got == f"OK {want.hex()}"
     assert l4_sum6(want, proto) == 0xFFFF  # scapy's checksum is right, and so is ours
 
@@ -589,7 +578,7 @@ def test_nat6_rewrite_random(harness: Harness, proto: str, side: str, src: str, 
     frame = frame_of(l4_packet6(proto, src, dst, sport, dport, payload, ext=ext,
                                 udp_zero=udp_zero, ext_size=ext_size), vlan=vlan)
     got = nat6(harness, frame, side, new_addr, new_port)
-    assert got == f"OK {expect_nat6(frame, proto, side, new_addr, new_port).hex()}"
+    assert got == f"OK {expect_nat(frame, proto, side, new_addr, new_port).hex()}"
 
 
 def test_nat6_udp_checksum_zero_stays_zero(harness: Harness) -> None:
@@ -615,7 +604,7 @@ def test_nat6_udp_recomputed_zero_goes_out_as_ffff(harness: Harness, side: str) 
               + struct.pack("!IxxxB", len(udp), 17))
     word = 0xFFFF - _ones_sum(pseudo + udp[:6] + b"\0\0" + udp[8:])
     frame = frame_of(datagram(word))
-    want = expect_nat6(frame, "udp", side, new_addr, new_port)
+    want = expect_nat(frame, "udp", side, new_addr, new_port)
     assert Ether(want)[UDP].chksum == 0xFFFF, "the case must be the one that computes to 0"
     assert Ether(frame)[UDP].chksum not in (0, 0xFFFF)
     assert nat6(harness, frame, side, new_addr, new_port) == f"OK {want.hex()}"
@@ -660,7 +649,7 @@ def test_nat6_extension_header_bound(harness: Harness, proto: str) -> None:
     """At most 256 bytes of extension headers (LB_NAT6_MAX_L4_OFF = 14 + 40 + 256)."""
     at_bound = frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["dst"], ext_size=256))
     assert nat6(harness, at_bound, "D", BACKEND6, 3) == \
-        f"OK {expect_nat6(at_bound, proto, 'D', BACKEND6, 3).hex()}"
+        f"OK {expect_nat(at_bound, proto, 'D', BACKEND6, 3).hex()}"
     beyond = [frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["hbh", "dst"],
                                   ext_size=136)),
               frame_of(l4_packet6(proto, CLIENT6, VIP6, 1, 2, b"x", ext=["dst"], ext_size=256),
@@ -709,15 +698,15 @@ def test_conn6_translate(harness: Harness, proto: str) -> None:
     to_vip = frame_of(l4_packet6(proto, CLIENT6, VIP6, 40000, 443, b"hi", ext=["hbh"]))
     # Original direction, no SNAT: the destination only.
     peer = key6(BACKEND6, CLIENT6, 8443, 40000)
-    want = expect_nat6(to_vip, proto, "D", BACKEND6, 8443)
+    want = expect_nat(to_vip, proto, "D", BACKEND6, 8443)
     assert harness.ask(f"t {orig} {peer} {to_vip.hex()}") == f"OK {want.hex()}"
     # With SNAT: both.
     peer = key6(BACKEND6, SNAT6, 8443, 20001)
-    want = expect_nat6(expect_nat6(to_vip, proto, "D", BACKEND6, 8443), proto, "S", SNAT6, 20001)
+    want = expect_nat(expect_nat(to_vip, proto, "D", BACKEND6, 8443), proto, "S", SNAT6, 20001)
     assert harness.ask(f"t {orig} {peer} {to_vip.hex()}") == f"OK {want.hex()}"
     # The reply: the source only.
     reply = frame_of(l4_packet6(proto, BACKEND6, CLIENT6, 8443, 40000, b"ho"))
-    want = expect_nat6(reply, proto, "S", VIP6, 443)
+    want = expect_nat(reply, proto, "S", VIP6, 443)
     assert harness.ask(f"t {key6(BACKEND6, CLIENT6, 8443, 40000)} {orig} {reply.hex()}") == \
         f"OK {want.hex()}"
     # Nothing changes: nothing written.

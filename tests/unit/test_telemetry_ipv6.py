@@ -9,9 +9,6 @@ removed afterwards even when the test fails.
 from __future__ import annotations
 
 import os
-import queue
-import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -20,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from hpclb.telemetry.message import TelemetryMessage, encode
-from hpclb.telemetry.receiver import AgentIdentity, ReceiverThread, TelemetryReceiver
+from hpclb.telemetry.message import encode
+from hpclb.telemetry.receiver import AgentIdentity
 
+from .probe_sockets import has_ipv6_loopback
 from .test_telemetry_receiver import (
-    AGENT,
-    TIMEOUT,
     Keys,
-    Running,
+    make_keys,
     message,
+    run_agent,
+    running,
     send_until,
     wait_for,
 )
@@ -36,39 +34,13 @@ from .test_telemetry_receiver import (
 ULA = "fd00:5557::1"
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _has_ipv6_loopback(),
+pytestmark = pytest.mark.skipif(not has_ipv6_loopback(),
                                 reason="no IPv6 on loopback here (disable_ipv6?)")
 
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Keys:
-    k = Keys(tmp_path)
-    k.make("n1", allow=True)
-    k.make("n2", allow=True)
-    k.make("rogue")  # a keypair, not on the allow-list
-    return k
-
-
-@contextmanager
-def running(keys: Keys, bind: str, netns: str | None = None) -> Iterator[Running]:
-    got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
-    rx = TelemetryReceiver(bind, keys.root / "server.key_secret", keys.allow,
-                           lambda m, i: got.put((m, i)))
-    th = ReceiverThread(rx, netns)
-    th.start()
-    try:
-        yield Running(th, got)
-    finally:
-        th.stop()
+    return make_keys(tmp_path)
 
 
 def test_receiver_on_ipv6_loopback_authenticates_by_key(keys: Keys) -> None:
@@ -99,32 +71,6 @@ def test_receiver_on_ipv6_loopback_authenticates_by_key(keys: Keys) -> None:
         assert c["accepted"] >= 1 and rx.got.qsize() == 0  # nothing from rogue or n2
 
 
-def _run_agent(argv: list[str], rx: Running, keys: Keys, node: str = "n1"
-               ) -> list[tuple[TelemetryMessage, AgentIdentity]]:
-    """Start ``hpclb-agent run`` (``argv`` before it: a namespace wrapper), take
-    two messages, stop it with SIGTERM; asserts a clean exit."""
-    if not AGENT.exists():
-        pytest.skip(f"{AGENT} not installed (pip install -e .)")
-    proc = subprocess.Popen(
-        [*argv, str(AGENT), "run", "--node-id", node, "--server-key",
-         str(keys.root / "server.key"), "--key", str(keys.root / f"{node}.key_secret"),
-         "--base-interval", "0.2", "--min-interval", "0.1", "--max-interval", "0.4",
-         "--connect", _bare(rx.endpoint)],
-        stderr=subprocess.PIPE, text=True)
-    try:
-        got = [rx.got.get(timeout=TIMEOUT) for _ in range(2)]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 0, err
-    return got
-
-
 def _bare(endpoint: str) -> str:
     """``[v6]:port`` without the scheme: the agent accepts that form too."""
     return endpoint.removeprefix("tcp://")
@@ -132,7 +78,7 @@ def _bare(endpoint: str) -> str:
 
 def test_the_agent_process_publishes_to_an_ipv6_receiver(keys: Keys) -> None:
     with running(keys, "tcp://[::1]:*") as rx:
-        got = _run_agent([], rx, keys)
+        got, _err = run_agent(rx, keys, _bare(rx.endpoint))
     assert all(who.node == "n1" and m.node == "n1" for m, who in got)
 
 
@@ -166,7 +112,8 @@ def test_agent_reaches_a_receiver_bound_to_a_ula_in_a_namespace(keys: Keys) -> N
     ULA, inside the appliance's namespace), the agent dials it by address."""
     with scratch_netns_with_ula() as ns, running(keys, f"tcp://[{ULA}]:*", netns=ns) as rx:
         assert rx.endpoint.startswith(f"tcp://[{ULA}]:"), rx.endpoint
-        got = _run_agent(["ip", "netns", "exec", ns], rx, keys, node="n2")
+        got, _err = run_agent(rx, keys, _bare(rx.endpoint), node="n2",
+                              wrapper=("ip", "netns", "exec", ns))
         counters = rx.counters()
     assert all(who.node == "n2" for _, who in got)
     assert counters["handshakes"]["ok"] >= 1 and counters["rejected_key_total"] == 0

@@ -105,10 +105,15 @@ class Keys:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Keys:
-    k = Keys(tmp_path)
+    return make_keys(tmp_path)
+
+
+def make_keys(root: Path) -> Keys:
+    """n1 and n2 on the allow-list; rogue has a keypair, is not on it."""
+    k = Keys(root)
     k.make("n1", allow=True)
     k.make("n2", allow=True)
-    k.make("rogue")  # has a keypair, is not on the allow-list
+    k.make("rogue")
     return k
 
 
@@ -137,12 +142,14 @@ class Running:
 
 
 @contextmanager
-def running(keys: Keys, **limits: Any) -> Iterator[Running]:
-    """A receiver on a free loopback port, in its thread, with these limits."""
+def running(keys: Keys, bind: str = "tcp://127.0.0.1:*", netns: str | None = None,
+            **limits: Any) -> Iterator[Running]:
+    """A receiver on bind (a free loopback port unless told), in its thread (in
+    network namespace netns if given), with these limits."""
     got: queue.Queue[tuple[TelemetryMessage, AgentIdentity]] = queue.Queue()
-    rx = TelemetryReceiver("tcp://127.0.0.1:*", keys.root / "server.key_secret", keys.allow,
+    rx = TelemetryReceiver(bind, keys.root / "server.key_secret", keys.allow,
                            lambda m, i: got.put((m, i)), **limits)
-    th = ReceiverThread(rx)
+    th = ReceiverThread(rx, netns)
     th.start()
     try:
         yield Running(th, got)
@@ -372,19 +379,22 @@ def test_in_an_asyncio_loop_with_an_async_callback(keys: Keys) -> None:
     assert counters["callback_errors"] >= 1
 
 
-def test_the_agent_process_end_to_end(keys: Keys, receiver: Running) -> None:
-    """``hpclb-agent run`` publishes at its adaptive interval; its messages become
-    accepted weight samples; SIGTERM ends it cleanly."""
+def run_agent(rx: Running, keys: Keys, connect: str, *, node: str = "n1", count: int = 2,
+              wrapper: tuple[str, ...] = ()
+              ) -> tuple[list[tuple[TelemetryMessage, AgentIdentity]], str]:
+    """Start ``hpclb-agent run`` (``wrapper`` before it: a namespace wrapper)
+    publishing to connect, take count messages, stop it with SIGTERM; asserts a
+    clean exit, returns the messages and its stderr."""
     if not AGENT.exists():
         pytest.skip(f"{AGENT} not installed (pip install -e .)")
     proc = subprocess.Popen(
-        [str(AGENT), "run", "--connect", receiver.endpoint, "--node-id", "n1",
+        [*wrapper, str(AGENT), "run", "--connect", connect, "--node-id", node,
          "--server-key", str(keys.root / "server.key"), "--key",
-         str(keys.root / "n1.key_secret"), "--base-interval", "0.2", "--min-interval", "0.1",
-         "--max-interval", "0.4"],
+         str(keys.root / f"{node}.key_secret"), "--base-interval", "0.2", "--min-interval",
+         "0.1", "--max-interval", "0.4"],
         stderr=subprocess.PIPE, text=True)
     try:
-        got = [receiver.got.get(timeout=TIMEOUT) for _ in range(3)]
+        got = [rx.got.get(timeout=TIMEOUT) for _ in range(count)]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -394,6 +404,13 @@ def test_the_agent_process_end_to_end(keys: Keys, receiver: Running) -> None:
                 proc.kill()
                 proc.communicate()
     assert proc.returncode == 0, err
+    return got, err
+
+
+def test_the_agent_process_end_to_end(keys: Keys, receiver: Running) -> None:
+    """``hpclb-agent run`` publishes at its adaptive interval; its messages become
+    accepted weight samples; SIGTERM ends it cleanly."""
+    got, err = run_agent(receiver, keys, receiver.endpoint, count=3)
     assert "SIGTERM: stopping" in err
     seqs = [m.seq for m, _ in got]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3

@@ -296,6 +296,11 @@ def conn_key(pkt: Ether) -> tuple:
     return (pkt[IP].src, pkt[IP].dst, pkt[IP].sport, pkt[IP].dport, pkt[IP].proto)
 
 
+def counter_moves(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that changed between two readings, by how much."""
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
 # ---- tests ---------------------------------------------------------------------
 
 def test_syn_opens_a_connection_and_the_reply_comes_back(netns: str, tmp_path: Path) -> None:
@@ -346,7 +351,7 @@ def test_syn_opens_a_connection_and_the_reply_comes_back(netns: str, tmp_path: P
         assert gw.run(from_backend(3, CLIENT, 40000, "A"), port=None)[0] == "tx"
 
         after = gw.counters()
-        moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        moved = counter_moves(before, after)
         assert moved == {"rx": 5, "conn_new": 1, "conn_hit": 1, "conn_reply": 3,
                          "fwd_redirect": 3, "fwd_tx": 2}, moved
         vips = {row[0]: row[1] for row in gw.client.stats()["vips"]}
@@ -763,7 +768,7 @@ def test_ipv6_connection_both_ways_and_counted(netns: str, tmp_path: Path) -> No
         assert len(Ether(long_ext)[IPv6ExtHdrDestOpt]) - len(Ether(long_ext)[TCP]) == 272
         assert gw.run(long_ext) == ("pass", long_ext)
         after = gw.counters()
-        moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        moved = counter_moves(before, after)
         assert moved == {"rx": 4, "conn_new": 1, "conn_hit": 1, "conn_reply": 1,
                          "fwd_redirect": 3, "pass_ext_headers": 1}, moved
 

@@ -53,6 +53,11 @@ def csum_replace4(check: int, old: int, new: int) -> int:
     return ~csum_fold(s) & 0xFFFF
 
 
+def nat_udp_csum(check: int) -> int:
+    """lb_nat_udp_csum: a computed UDP checksum of 0 is sent as 0xFFFF (0 is "none")."""
+    return check if check else 0xFFFF
+
+
 def nat_l4_csum(check: int, proto: int, old_addr: int, new_addr: int, old_port: int,
                 new_port: int) -> int:
     """lb_nat_l4_csum: UDP's 0 ("none") stays 0, a computed 0 is sent as 0xFFFF."""
@@ -60,9 +65,7 @@ def nat_l4_csum(check: int, proto: int, old_addr: int, new_addr: int, old_port: 
         return 0
     check = csum_replace4(check, old_addr, new_addr)
     check = csum_replace2(check, old_port, new_port)
-    if proto == IPPROTO_UDP and check == 0:
-        return 0xFFFF
-    return check
+    return nat_udp_csum(check) if proto == IPPROTO_UDP else check
 
 
 def _u16(buf: bytearray, off: int) -> int:

@@ -26,8 +26,11 @@ from hpclb.contract.nat import (
     NAT_SRC,
     TCP_CSUM_END,
     FlowKey6,
+    _put16,
+    _u16,
     csum_fold,
     csum_replace2,
+    nat_udp_csum,
 )
 from hpclb.contract.parse import IPV6_HLEN, Parsed6
 from hpclb.contract.tables import IPPROTO_TCP, IPPROTO_UDP
@@ -68,17 +71,7 @@ def nat6_l4_csum(check: int, proto: int, old_addr: bytes, new_addr: bytes, old_p
         return 0
     check = csum_replace16(check, old_addr, new_addr)
     check = csum_replace2(check, old_port, new_port)
-    if proto == IPPROTO_UDP and check == 0:
-        return 0xFFFF
-    return check
-
-
-def _u16(buf: bytearray, off: int) -> int:
-    return int.from_bytes(buf[off : off + 2], "big")
-
-
-def _put16(buf: bytearray, off: int, v: int) -> None:
-    buf[off : off + 2] = v.to_bytes(2, "big")
+    return nat_udp_csum(check) if proto == IPPROTO_UDP else check
 
 
 def nat6_rewrite(buf: bytearray, l4: int, proto: int, side: int, addr: bytes,
