@@ -77,14 +77,18 @@ empty flow tables):
   that, and beside the trial-to-trial spread (the same build on both sides
   shows that spread).
 
-* ``live`` (the candidate build only: the baseline may predate tunnel mode
-  and IPv6 forwarding): per-packet cost of the candidate's ``lb_xdp`` in
+* ``live`` (both builds by default, ``--live-sides``: a baseline that predates
+  tunnel mode, IPv6 forwarding or this tree's table protocol fails its side,
+  recorded, and the other goes on): per-packet cost of each build's ``lb_xdp`` in
   BPF_PROG_TEST_RUN with live frames (BPF_F_TEST_XDP_LIVE_FRAMES: the
   verdicts are carried out, XDP_TX really transmits out of a veth whose peer
   runs ``sink.bpf.o``) beside the reflector (``reflect.bpf.o``: swap MACs,
   XDP_TX) measured the same way in the same run, rounds alternating between
-  all rows. The candidate's ``hpclb-xdp`` runs --no-attach in a namespace of
-  its own, its tables written through this tree's table-protocol client:
+  all rows, and within a round each row run on every side back to back
+  (``candidate_to_baseline``: the median over rounds of the candidate's
+  ns/frame over the baseline's, same row, same round). Each side's
+  ``hpclb-xdp`` runs --no-attach in a namespace of its own, its tables
+  written through this tree's table-protocol client:
   DSR and tunnel VIPs, one backend each (the rows: ``LIVE_ROWS``). Two
   methods, because the kernel recycles a frame's page without rewriting it
   (only data and data_end are reset), so from the second batch on the
@@ -600,109 +604,134 @@ def _live_run(prog: PinnedXdpProgram, frame: bytes, method: str, ifindex: int,
     return total / args.live_fresh_calls, LIVE_BATCH * args.live_fresh_calls
 
 
-def live_rows(build: Path, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The live rows of the candidate build (the module docstring)."""
-    from hpclb.dataplane.client import DataplaneClient
-    from hpclb.dataplane.supervisor import DataplaneProcess
-    from hpclb.host import netns
+LIVE_METHOD = {
+    "batch_size": LIVE_BATCH,
+    "frames": "UDP, 18 payload bytes: IPv4 60 bytes, IPv6 80 bytes (no FCS); the "
+              "reflector's IPv4",
+    "ingress": "veth (native XDP driver); its peer runs sink.bpf.o (XDP_DROP), so "
+               "that XDP_TX (a redirect to the ingress device in live mode) transmits",
+    "recycled": "repeat=recycled_repeat in batches of batch_size: pages are recycled "
+                "with their content as the program left it (only data/data_end "
+                "reset). Used for DSR (only MACs change) and IPIP: the recycled "
+                "view's EtherType is the outer destination's last two bytes, and the "
+                "backends end in 0x0800 (10.1.8.0, fd00::800) or 0x86dd (fd00::86dd), "
+                "so every recycled frame re-parses as the same inner packet",
+    "fresh": "runs of exactly one batch (repeat == batch_size), fresh_calls per round, "
+             "mean of the runs: every frame on a new page, so it is the original; "
+             "for GUE, whose recycled view's EtherType is the UDP checksum (0). Each "
+             "frame also pays a page allocation and copy, as the reflector measured "
+             "this way does (the ratio is diluted towards 1; minus_reflector_ns is "
+             "not)",
+    "verified": "over all of a row's runs: rx, fwd_tx, flow_hit (and tunnel_encap "
+                "for a tunnel row) grew by exactly frames_run; no pass_*/drop_*, "
+                "fwd_redirect, flow_new or flow_repin moved",
+    "ratios": "ratio_to_reflector: medians' ratio; paired_ratio_to_reflector: median "
+              "over rounds of row/reflector of the same round (the figure to read on a "
+              f"noisy host); within_goal: paired <= {LIVE_GOAL}",
+    "sides": "each build measured (--live-sides) has its own namespace, hpclb-xdp, "
+             "tables and reflector; within a round every row is run on every side back "
+             "to back, so candidate_to_baseline (median over rounds of the candidate's "
+             "ns/frame over the baseline's, same row, same round) pairs the builds as "
+             "the xdp trials do",
+    "programs_attached": "lb_xdp and reflect attached (native) to a spare veth pair "
+                         "while measured, so that each test run finds them in the "
+                         "kernel's XDP dispatcher"}
 
-    tag = uuid.uuid4().hex[:6]
-    ns, pin_dir = f"pcl-{tag}", f"/sys/fs/bpf/hpclb/pcl-{tag}"
-    reflect_pin = Path(f"/sys/fs/bpf/pcl-{tag}-reflect")
-    out: dict[str, Any] = {"rows": {}, "method": {
-        "batch_size": LIVE_BATCH, "recycled_repeat": args.live_repeat,
-        "fresh_calls": args.live_fresh_calls, "rounds": args.live_rounds,
-        "frames": "UDP, 18 payload bytes: IPv4 60 bytes, IPv6 80 bytes (no FCS); the "
-                  "reflector's IPv4",
-        "ingress": "veth (native XDP driver); its peer runs sink.bpf.o (XDP_DROP), so "
-                   "that XDP_TX (a redirect to the ingress device in live mode) transmits",
-        "recycled": "repeat=recycled_repeat in batches of batch_size: pages are recycled "
-                    "with their content as the program left it (only data/data_end "
-                    "reset). Used for DSR (only MACs change) and IPIP: the recycled "
-                    "view's EtherType is the outer destination's last two bytes, and the "
-                    "backends end in 0x0800 (10.1.8.0, fd00::800) or 0x86dd (fd00::86dd), "
-                    "so every recycled frame re-parses as the same inner packet",
-        "fresh": "runs of exactly one batch (repeat == batch_size), fresh_calls per round, "
-                 "mean of the runs: every frame on a new page, so it is the original; "
-                 "for GUE, whose recycled view's EtherType is the UDP checksum (0). Each "
-                 "frame also pays a page allocation and copy, as the reflector measured "
-                 "this way does (the ratio is diluted towards 1; minus_reflector_ns is "
-                 "not)",
-        "verified": "over all of a row's runs: rx, fwd_tx, flow_hit (and tunnel_encap "
-                    "for a tunnel row) grew by exactly frames_run; no pass_*/drop_*, "
-                    "fwd_redirect, flow_new or flow_repin moved",
-        "ratios": "ratio_to_reflector: medians' ratio; paired_ratio_to_reflector: median "
-                  "over rounds of row/reflector of the same round (the figure to read on a "
-                  f"noisy host); within_goal: paired <= {LIVE_GOAL}",
-        "programs_attached": "lb_xdp and reflect attached (native) to a spare veth pair "
-                             "while measured, so that each test run finds them in the "
-                             "kernel's XDP dispatcher"}}
-    dataplane: DataplaneProcess | None = None
-    progs: dict[str, PinnedXdpProgram] = {}
 
-    def sh(*argv: str) -> None:
-        res = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if res.returncode:
-            raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip()}")
+def _sh(*argv: str) -> None:
+    res = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip()}")
 
-    try:
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "add", "lv0", "type", "veth", "peer", "name", "lv1")
-        sh("ip", "-n", ns, "link", "set", "lv0", "up")
-        sh("ip", "-n", ns, "link", "set", "lv1", "up")
-        sh("ip", "-n", ns, "link", "set", "lv1", "xdpdrv", "obj", str(build / "sink.bpf.o"),
-           "sec", "xdp")
-        dataplane = DataplaneProcess(
+
+class _LiveSide:
+    """One build's live rows: a namespace, its hpclb-xdp (--no-attach, the
+    tables written through this tree's table-protocol client, so a baseline
+    of another protocol version fails here, recorded), its pinned lb_xdp and
+    a reflector, each attached to a spare veth pair."""
+
+    def __init__(self, build: Path, workdir: Path, side: str) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.build, self.workdir, self.side = build, workdir, side
+        self.ns, self.pin_dir = f"pcl-{tag}", f"/sys/fs/bpf/hpclb/pcl-{tag}"
+        self.reflect_pin = Path(f"/sys/fs/bpf/pcl-{tag}-reflect")
+        self.sock = f"ipc://{workdir}/live-{side}.sock"
+        self.dataplane: Any = None
+        self.client: Any = None
+        self.progs: dict[str, PinnedXdpProgram] = {}
+        self.frames: dict[str, bytes] = {}
+        self.ifindex = 0
+        self.runs: dict[str, list[float]] = {name: [] for name, *_ in LIVE_ROWS}
+        self.counted: dict[str, dict[str, int]] = {}
+
+    def start(self) -> None:
+        from hpclb.dataplane.supervisor import DataplaneProcess
+        from hpclb.host import netns
+
+        build, ns = self.build, self.ns
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "-n", ns, "link", "add", "lv0", "type", "veth", "peer", "name", "lv1")
+        _sh("ip", "-n", ns, "link", "set", "lv0", "up")
+        _sh("ip", "-n", ns, "link", "set", "lv1", "up")
+        _sh("ip", "-n", ns, "link", "set", "lv1", "xdpdrv", "obj", str(build / "sink.bpf.o"),
+            "sec", "xdp")
+        self.dataplane = DataplaneProcess(
             argv=[str(build / "hpclb-xdp"), "--netns", ns, "--iface", "lv0", "--no-attach",
-                  "--pin-dir", pin_dir, "--socket", f"ipc://{workdir}/live.sock"],
-            endpoint=f"ipc://{workdir}/live.sock", pidfile=workdir / "live.pid",
-            log_path=workdir / "live.log")
-        dataplane.start()
-        client: DataplaneClient = dataplane.client
-        hello = client.hello()
+                  "--pin-dir", self.pin_dir, "--socket", self.sock],
+            endpoint=self.sock, pidfile=self.workdir / f"live-{self.side}.pid",
+            log_path=self.workdir / f"live-{self.side}.log")
+        self.dataplane.start()
+        self.client = self.dataplane.client
+        hello = self.client.hello()
         port_mac = ":".join(f"{b:02x}" for b in bytes(hello["ports"][0]["mac"]))
-        ifindex = int(hello["ports"][0]["ifindex"])
-        _live_tables(client)
-        sh("bpftool", "prog", "load", str(build / "reflect.bpf.o"), str(reflect_pin),
-           "type", "xdp")
+        self.ifindex = int(hello["ports"][0]["ifindex"])
+        _live_tables(self.client)
+        _sh("bpftool", "prog", "load", str(build / "reflect.bpf.o"), str(self.reflect_pin),
+            "type", "xdp")
         # Both programs attached (native, to a spare veth pair no frame
         # crosses) while measured: a test run of a program the kernel's XDP
         # dispatcher does not hold swaps it in and out, each time waiting
         # for an RCU grace period (milliseconds on this host; untimed, but
         # thousands of one-batch runs would take many minutes).
         # (`ip -n` would remount /sys, hiding bpffs: ip runs in the namespace.)
-        sh("ip", "-n", ns, "link", "add", "lv2", "type", "veth", "peer", "name", "lv3")
+        _sh("ip", "-n", ns, "link", "add", "lv2", "type", "veth", "peer", "name", "lv3")
         with netns.inside(ns):
-            sh("ip", "link", "set", "lv2", "xdpdrv", "pinned", f"{pin_dir}/lb_xdp")
-            sh("ip", "link", "set", "lv3", "xdpdrv", "pinned", str(reflect_pin))
-        progs = {"lb": PinnedXdpProgram(f"{pin_dir}/lb_xdp"),
-                 "reflect": PinnedXdpProgram(str(reflect_pin))}
-        frames = {name: _live_frame(LIVE_VIPS[vip] if vip else None, port_mac)
-                  for name, _, vip, _ in LIVE_ROWS}
-        runs: dict[str, list[float]] = {name: [] for name, *_ in LIVE_ROWS}
-        counted: dict[str, dict[str, int]] = {}
+            _sh("ip", "link", "set", "lv2", "xdpdrv", "pinned", f"{self.pin_dir}/lb_xdp")
+            _sh("ip", "link", "set", "lv3", "xdpdrv", "pinned", str(self.reflect_pin))
+        self.progs = {"lb": PinnedXdpProgram(f"{self.pin_dir}/lb_xdp"),
+                      "reflect": PinnedXdpProgram(str(self.reflect_pin))}
+        self.frames = {name: _live_frame(LIVE_VIPS[vip] if vip else None, port_mac)
+                       for name, _, vip, _ in LIVE_ROWS}
         with netns.inside(ns):
             for name, prog, _, _ in LIVE_ROWS:  # pin every flow first (flow_new)
                 if prog == "lb":
-                    progs[prog].run(frames[name])
-            for _ in range(args.live_rounds):
-                for name, prog, _, method in LIVE_ROWS:
-                    before = (_counter_map(client) if prog == "lb" else None)
-                    ns_per, n = _live_run(progs[prog], frames[name], method, ifindex, args)
-                    runs[name].append(ns_per)
-                    if before is not None:
-                        after = _counter_map(client)
-                        c = counted.setdefault(name, {})
-                        for k in after:
-                            c[k] = c.get(k, 0) + after[k] - before.get(k, 0)
-                        c["frames_run"] = c.get("frames_run", 0) + n
+                    self.progs[prog].run(self.frames[name])
+
+    def run_row(self, name: str, prog: str, method: str, args: argparse.Namespace) -> None:
+        from hpclb.host import netns
+
+        before = _counter_map(self.client) if prog == "lb" else None
+        with netns.inside(self.ns):
+            ns_per, n = _live_run(self.progs[prog], self.frames[name], method, self.ifindex,
+                                  args)
+        self.runs[name].append(ns_per)
+        if before is not None:
+            after = _counter_map(self.client)
+            c = self.counted.setdefault(name, {})
+            for k in after:
+                c[k] = c.get(k, 0) + after[k] - before.get(k, 0)
+            c["frames_run"] = c.get("frames_run", 0) + n
+
+    def rows(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        runs = self.runs
         for name, prog, vip, method in LIVE_ROWS:
             row: dict[str, Any] = {"program": prog, "method": method, "vip": vip,
-                                   "frame_bytes": len(frames[name]),
+                                   "frame_bytes": len(self.frames[name]),
                                    "ns_per_frame": statistics.median(runs[name]),
                                    "runs_ns": runs[name]}
-            if name in counted:
-                c = counted[name]
+            if name in self.counted:
+                c = self.counted[name]
                 tunnel = vip is not None and LIVE_VIPS[vip].mode == 2
                 row["counters"] = {k: c.get(k, 0) for k in (
                     "frames_run", "rx", "fwd_tx", "flow_hit", "tunnel_encap",
@@ -718,19 +747,55 @@ def live_rows(build: Path, workdir: Path, args: argparse.Namespace) -> dict[str,
                     a / b for a, b in zip(runs[name], runs[ref], strict=True) if b)
                 row["minus_reflector_ns"] = row["ns_per_frame"] - statistics.median(runs[ref])
                 row["within_goal"] = row["paired_ratio_to_reflector"] <= LIVE_GOAL
-            out["rows"][name] = row
-        out["lb_xdp"] = _prog_info(f"{pin_dir}/lb_xdp")
+            out[name] = row
+        return out
+
+    def close(self) -> None:
+        for prog in self.progs.values():
+            prog.close()
+        if self.dataplane is not None:
+            self.dataplane.stop()
+        self.reflect_pin.unlink(missing_ok=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
+        subprocess.run(["rm", "-rf", self.pin_dir], capture_output=True, check=False)
+
+
+def live_rows(builds: dict[str, Path], workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The live rows of each build in ``builds`` (side -> build folder; the
+    module docstring), rounds interleaved between the sides."""
+    out: dict[str, Any] = {"method": LIVE_METHOD | {
+        "recycled_repeat": args.live_repeat, "fresh_calls": args.live_fresh_calls,
+        "rounds": args.live_rounds}, "sides": {}}
+    sides: dict[str, _LiveSide] = {}
+    try:
+        for side, build in builds.items():
+            sides[side] = _LiveSide(build, workdir, side)
+            try:
+                sides[side].start()
+            except Exception as err:  # kept in the report, as a failed trial is
+                out["sides"][side] = {"error": f"{type(err).__name__}: {str(err)[-3000:]}"}
+                print(f"live rows, {side}: {out['sides'][side]['error'][:300]}",
+                      file=sys.stderr)
+                sides.pop(side).close()
+        for _ in range(args.live_rounds):
+            for name, prog, _, method in LIVE_ROWS:
+                for live in sides.values():
+                    live.run_row(name, prog, method, args)
+        for side, live in sides.items():
+            out["sides"][side] = {"rows": live.rows(),
+                                  "lb_xdp": _prog_info(f"{live.pin_dir}/lb_xdp")}
+        if "baseline" in sides and "candidate" in sides:
+            base, cand = sides["baseline"].runs, sides["candidate"].runs
+            out["candidate_to_baseline"] = {
+                name: statistics.median(c / b for c, b in zip(cand[name], base[name],
+                                                               strict=True) if b)
+                for name, *_ in LIVE_ROWS}
     except Exception as err:  # kept in the report, as a failed trial is
         out["error"] = f"{type(err).__name__}: {str(err)[-3000:]}"
         print(f"live rows: {out['error'][:300]}", file=sys.stderr)
     finally:
-        for prog in progs.values():
-            prog.close()
-        if dataplane is not None:
-            dataplane.stop()
-        reflect_pin.unlink(missing_ok=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        subprocess.run(["rm", "-rf", pin_dir], capture_output=True, check=False)
+        for live in sides.values():
+            live.close()
     return out
 
 
@@ -741,17 +806,25 @@ def _counter_map(client: Any) -> dict[str, int]:
 def print_live(live: dict[str, Any]) -> None:
     if "error" in live:
         print(f"live rows: error: {live['error'][:300]}")
-        return
-    print(f"{'live (candidate)':24} {'ns/frame':>9} {'x reflector':>12} {'paired':>8} "
-          f"{'+ns':>7}  verified")
+
     def f(row: dict[str, Any], key: str, spec: str) -> str:
         return format(row[key], spec) if key in row else "-"
 
-    for name, row in live["rows"].items():
-        print(f"{name:24} {row['ns_per_frame']:9.1f} {f(row, 'ratio_to_reflector', '.3f'):>12} "
-              f"{f(row, 'paired_ratio_to_reflector', '.3f'):>8} "
-              f"{f(row, 'minus_reflector_ns', '.1f'):>7}"
-              f"  {row.get('verified', '-')}")
+    ratio = live.get("candidate_to_baseline", {})
+    for side, res in live.get("sides", {}).items():
+        if "error" in res:
+            print(f"live rows, {side}: error: {res['error'][:300]}")
+            continue
+        print(f"{'live (' + side + ')':24} {'ns/frame':>9} {'x reflector':>12} {'paired':>8} "
+              f"{'+ns':>7}  verified" + ("  cand/base" if side == "candidate" and ratio
+                                         else ""))
+        for name, row in res["rows"].items():
+            extra = (f"  {ratio[name]:9.3f}" if side == "candidate" and name in ratio else "")
+            print(f"{name:24} {row['ns_per_frame']:9.1f} "
+                  f"{f(row, 'ratio_to_reflector', '.3f'):>12} "
+                  f"{f(row, 'paired_ratio_to_reflector', '.3f'):>8} "
+                  f"{f(row, 'minus_reflector_ns', '.1f'):>7}"
+                  f"  {row.get('verified', '-')!s:8}{extra}")
 
 
 # --- the run ------------------------------------------------------------------
@@ -1043,8 +1116,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"trial {n + 1}/{args.trials} (baseline / candidate): " + "; ".join(line),
                   flush=True)
         if "xdp" in dataplanes and args.live:
-            print("live rows (candidate)...", flush=True)
-            report["live"] = live_rows(builds["candidate"], workdir, args)
+            live_sides = [x for x in args.live_sides.split(",") if x]
+            print(f"live rows ({', '.join(live_sides)})...", flush=True)
+            report["live"] = live_rows({x: builds[x] for x in live_sides}, workdir, args)
     median, ratio, paired = summarize(trials, dataplanes)
     hashes = {side: {dp: sorted({e["binary_sha256_16"] for e in trials[side][dp]
                                  if "binary_sha256_16" in e}) for dp in dataplanes}
@@ -1097,6 +1171,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
                    help="the live-frame rows of the candidate (IPv6 DSR, tunnel mode, "
                         "beside the reflector)")
+    p.add_argument("--live-sides", default="baseline,candidate",
+                   help="the builds whose live rows are measured, interleaved: baseline, "
+                        "candidate or both (the baseline must have tunnel mode and IPv6 "
+                        "and speak this tree's table protocol)")
     p.add_argument("--live-rounds", type=int, default=9,
                    help="rounds of the live rows (each row once per round, in turn)")
     p.add_argument("--live-repeat", type=int, default=100_000,
@@ -1111,6 +1189,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--trials and --repeat must be >= 1, --new-flows in 1..64000")
     if min(args.live_rounds, args.live_repeat, args.live_fresh_calls) < 1:
         p.error("--live-rounds, --live-repeat and --live-fresh-calls must be >= 1")
+    if not set(x for x in args.live_sides.split(",") if x) <= set(SIDES):
+        p.error("--live-sides: baseline, candidate or baseline,candidate")
     if not args.dataplanes or not set(args.dataplanes.split(",")) <= set(DATAPLANES):
         p.error("--dataplanes: xdp, dpdk or xdp,dpdk")
     if os.geteuid() != 0:

@@ -132,18 +132,21 @@ LB_INLINE void lb_tunnel_src(union lb_addr *out, const union lb_addr *tunnel_src
 			     __u8 bits, __u16 flow_bits)
 {
 	__u16 mask = bits >= 16 ? 0xffff : (__u16)((1u << bits) - 1);
-	__u16 last;
+	/* The 32-bit word holding the last 16 bits: bytes 2..3 of it in memory. */
+	__u32 w = family == LB_FAMILY_V4 ? tunnel_src->v4 : tunnel_src->v6w[3];
+	__u16 last = lb_ntohs((__u16)(w >> 16));
 
+	last = (__u16)((last & ~mask) | (flow_bits & mask));
+	w = (w & 0xffff) | ((__u32)lb_htons(last) << 16);
+	/* The word is computed from tunnel_src and stored whole, not patched
+	 * in *out: a 16-bit store into it followed by lb_encap_write's 32-bit
+	 * load of the address defeats the CPU's store-to-load forwarding (the
+	 * load waits for the stores to reach the cache). */
 	*out = *tunnel_src;
-	if (family == LB_FAMILY_V4) {
-		last = lb_ntohs((__u16)(out->v4 >> 16)); /* bytes 2..3 in memory */
-		last = (__u16)((last & ~mask) | (flow_bits & mask));
-		out->v4 = (out->v4 & 0xffff) | ((__u32)lb_htons(last) << 16);
-	} else {
-		last = lb_ntohs((__u16)(out->v6w[3] >> 16)); /* bytes 14..15 */
-		last = (__u16)((last & ~mask) | (flow_bits & mask));
-		out->v6w[3] = (out->v6w[3] & 0xffff) | ((__u32)lb_htons(last) << 16);
-	}
+	if (family == LB_FAMILY_V4)
+		out->v4 = w;
+	else
+		out->v6w[3] = w;
 }
 /* The shifts above assume a little-endian host (memory byte 2 is bits 16..23
  * of the loaded word): both planes run on x86-64 and BPF is host-endian. */
@@ -202,19 +205,24 @@ LB_INLINE int lb_encap_prepare(struct lb_encap_plan *e, const struct lb_parsed *
 	return 0;
 }
 
-/* RFC 791 header checksum of the 20-byte IPv4 header at h (checksum field
- * 0 when called), in memory order like lb_rewrite.h's updates. */
-LB_INLINE __u16 lb_ipv4_hdr_csum(const struct lb_ipv4_hdr *h)
+/* RFC 791 header checksum of the outer IPv4 header lb_encap_write writes
+ * (0x45, tos, tot_len, id 0, DF, TTL 64, proto, checksum 0, saddr, daddr),
+ * summed from the values rather than read back from the frame: the same
+ * ten 16-bit words in memory order (as lb_rewrite.h's updates, on this
+ * little-endian host: a word's first byte is its low byte), so the same
+ * checksum, without ten loads from packet memory after the stores, and with
+ * the constant words folded at compile time. tot_len is in network order,
+ * as stored. */
+LB_INLINE __u16 lb_encap_ipv4_csum(__u8 tos, __be16 tot_len, __u8 proto, __be32 saddr,
+				   __be32 daddr)
 {
-	const __u16 *w = (const __u16 *)h;
-	__u32 sum = 0;
-	int i;
+	__u32 sum = (__u32)(0x45 | (tos << 8))             /* ver_ihl, tos */
+		    + tot_len                                /* id 0 adds nothing */
+		    + lb_htons(LB_IP_DF)                     /* frag_off */
+		    + (__u32)(LB_TUNNEL_TTL | (proto << 8))  /* ttl, proto */
+		    + (saddr & 0xffff) + (saddr >> 16)
+		    + (daddr & 0xffff) + (daddr >> 16);
 
-#ifdef __clang__
-#pragma unroll
-#endif
-	for (i = 0; i < 10; i++)
-		sum += w[i];
 	return (__u16)~lb_csum_fold(sum);
 }
 
@@ -223,8 +231,14 @@ LB_INLINE __u16 lb_ipv4_hdr_csum(const struct lb_ipv4_hdr *h)
  * inner packet starts at data + 14 + e->len). 0, or -1 (nothing written)
  * when the frame is too short to hold them, which cannot be after a parse
  * and a successful adjust; the checks are on the pointer written through and
- * come before any store, for the verifier. */
-LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_encap_plan *e)
+ * come before any store, for the verifier. The Ethernet addresses are
+ * dst_mac and src_mac (lb_encap_write: the plan's; XDP passes its map values
+ * straight, which outlive the adjust, rather than copying them into the plan
+ * byte by byte and reading them back 16 bits at a time, a pattern the CPU's
+ * store-to-load forwarding cannot serve). */
+LB_INLINE int lb_encap_write_macs(void *data, const void *data_end,
+				  const struct lb_encap_plan *e, const __u8 *dst_mac,
+				  const __u8 *src_mac)
 {
 	struct lb_eth_hdr *eth = (struct lb_eth_hdr *)data;
 	__u8 *l3 = (__u8 *)data + sizeof(*eth);
@@ -240,20 +254,22 @@ LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_e
 	if (e->outer_family == LB_FAMILY_V4) {
 		struct lb_ipv4_hdr *ip = (struct lb_ipv4_hdr *)l3;
 
-		__builtin_memcpy(eth->dst, e->dst_mac, LB_ETH_ALEN);
-		__builtin_memcpy(eth->src, e->src_mac, LB_ETH_ALEN);
+		__be16 tot_len = lb_htons((__u16)(e->len + e->inner_len));
+		__u8 proto = gue ? LB_IPPROTO_UDP : e->inner_proto;
+
+		__builtin_memcpy(eth->dst, dst_mac, LB_ETH_ALEN);
+		__builtin_memcpy(eth->src, src_mac, LB_ETH_ALEN);
 		eth->proto = lb_htons(LB_ETH_P_IP);
 		ip->ver_ihl = 0x45;
 		ip->tos = e->tos;
-		ip->tot_len = lb_htons((__u16)(e->len + e->inner_len));
+		ip->tot_len = tot_len;
 		ip->id = 0;
 		ip->frag_off = lb_htons(LB_IP_DF);
 		ip->ttl = LB_TUNNEL_TTL;
-		ip->proto = gue ? LB_IPPROTO_UDP : e->inner_proto;
-		ip->check = 0;
+		ip->proto = proto;
 		ip->saddr = e->src.v4;
 		ip->daddr = e->dst.v4;
-		ip->check = lb_ipv4_hdr_csum(ip);
+		ip->check = lb_encap_ipv4_csum(e->tos, tot_len, proto, e->src.v4, e->dst.v4);
 		udp = (struct lb_udp_hdr *)(l3 + LB_ENCAP_V4_LEN);
 	} else {
 		struct lb_ipv6_hdr *ip6 = (struct lb_ipv6_hdr *)l3;
@@ -261,8 +277,8 @@ LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_e
 
 		if (LB_PAST_END(data, sizeof(*eth) + LB_ENCAP_V6_LEN + LB_ENCAP_UDP_LEN, data_end))
 			return -1;
-		__builtin_memcpy(eth->dst, e->dst_mac, LB_ETH_ALEN);
-		__builtin_memcpy(eth->src, e->src_mac, LB_ETH_ALEN);
+		__builtin_memcpy(eth->dst, dst_mac, LB_ETH_ALEN);
+		__builtin_memcpy(eth->src, src_mac, LB_ETH_ALEN);
 		eth->proto = lb_htons(LB_ETH_P_IPV6);
 		ip6->ver_tc_flow = __builtin_bswap32(vtf);
 		ip6->payload_len = lb_htons((__u16)(e->len - LB_ENCAP_V6_LEN + e->inner_len));
@@ -279,6 +295,12 @@ LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_e
 		udp->check = 0;
 	}
 	return 0;
+}
+
+/* lb_encap_write with the MACs of the plan (the DPDK plane's call). */
+LB_INLINE int lb_encap_write(void *data, const void *data_end, const struct lb_encap_plan *e)
+{
+	return lb_encap_write_macs(data, data_end, e, e->dst_mac, e->src_mac);
 }
 
 #endif /* HPCLB_LB_ENCAP_H */

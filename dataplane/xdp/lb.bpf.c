@@ -303,13 +303,13 @@ static __always_inline __u32 pick_backend(const struct lb_config *cfg, __u32 vip
  * flows is flow_map (family LB_FAMILY_V4, key a struct lb_flow_key_v4) or
  * flow6_map (struct lb_flow_key); both constants once inlined. */
 static __always_inline struct lb_backend *flow_backend(void *flows, const void *flow, __u8 family,
-						       const struct lb_config *cfg,
 						       const struct lb_vip_entry *vip,
 						       __u32 *backend_id, __u64 len)
 {
 	struct lb_flow_entry *pinned, fresh = {};
 	struct lb_backend *backend = NULL;
-	__u32 id;
+	struct lb_config *cfg;
+	__u32 id, zero = 0;
 
 	pinned = bpf_map_lookup_elem(flows, flow);
 	if (pinned) {
@@ -322,6 +322,12 @@ static __always_inline struct lb_backend *flow_backend(void *flows, const void *
 		}
 		stat(LB_STAT_FLOW_REPIN, len, 0);
 	}
+	/* The settings (ring size, hash key) only now: a flow hit, the common
+	 * case, never reads them. Slot 0 of a one-entry array always exists, so
+	 * the NULL test is for the verifier (and drops, as it always did). */
+	cfg = bpf_map_lookup_elem(&config_map, &zero);
+	if (!cfg)
+		return NULL;
 	id = pick_backend(cfg, vip->vip_id, flow, family);
 	backend = bpf_map_lookup_elem(&backend_map, &id);
 	if (!backend)
@@ -352,14 +358,25 @@ static __always_inline void flow_key_v4(struct lb_flow_key_v4 *flow, const struc
 	flow->pad[2] = 0;
 }
 
-/* The VIP key of an IPv4 flow, every byte written as in flow_key_v4. */
+/* The last word of a VIP key (port, then two bytes: proto and pad or
+ * family) at dst, 4-byte aligned, as one 32-bit store. The VIP lookup comes
+ * right after, and the kernel hashes the key a 32-bit word at a time: a word
+ * written as three narrower stores still in flight cannot be forwarded to
+ * that load, which then waits for them to reach the cache. Little-endian (BPF
+ * is host-endian; lb_encap.h refuses a big-endian host): port in the low half. */
+static __always_inline void vip_key_word(void *dst, __be16 port, __u8 b2, __u8 b3)
+{
+	__u32 w = (__u32)port | ((__u32)b2 << 16) | ((__u32)b3 << 24);
+
+	__builtin_memcpy(dst, &w, sizeof(w));
+}
+
+/* The VIP key of an IPv4 flow, every byte written as in flow_key_v4 (pad 0). */
 static __always_inline void vip_key_v4(struct lb_vip_key_v4 *vkey,
 				       const struct lb_flow_key_v4 *flow)
 {
 	vkey->addr = flow->daddr;
-	vkey->port = flow->dport;
-	vkey->proto = flow->proto;
-	vkey->pad = 0;
+	vip_key_word(&vkey->port, flow->dport, flow->proto, 0);
 }
 
 /* The flow key and VIP key of an IPv6 parse that said LB_PARSE_OK, every
@@ -376,9 +393,7 @@ static __always_inline void keys_v6(struct lb_flow_key *flow, struct lb_vip_key 
 	flow->pad[0] = 0;
 	flow->pad[1] = 0;
 	vkey->addr = p->dst;
-	vkey->port = p->dport;
-	vkey->proto = p->proto;
-	vkey->family = LB_FAMILY_V6;
+	vip_key_word(&vkey->port, p->dport, p->proto, LB_FAMILY_V6);
 }
 
 /* ---- NAT mode (lb_conn.h) ------------------------------------------------ */
@@ -852,8 +867,7 @@ static __always_inline int balance_v6(struct xdp_md *ctx, void *data, void *data
 	struct lb_vip_key vkey;
 	struct lb_vip_entry *vip;
 	struct lb_backend *backend;
-	struct lb_config *cfg;
-	__u32 zero = 0, backend_id = LB_NO_BACKEND;
+	__u32 backend_id = LB_NO_BACKEND;
 
 	keys_v6(&flow, &vkey, p);
 	vip = bpf_map_lookup_elem(&vip_map, &vkey);
@@ -861,10 +875,9 @@ static __always_inline int balance_v6(struct xdp_md *ctx, void *data, void *data
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	if (!vip || vip->mode == LB_MODE_NAT)
 		return nat6_enter(ctx, len);
-	cfg = bpf_map_lookup_elem(&config_map, &zero);
-	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
+	if (vip->vip_id >= LB_MAX_VIPS)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
-	backend = flow_backend(&flow6_map, &flow, LB_FAMILY_V6, cfg, vip, &backend_id, len);
+	backend = flow_backend(&flow6_map, &flow, LB_FAMILY_V6, vip, &backend_id, len);
 	if (!backend)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 	return forward(ctx, data, data_end, p, vip, backend, backend_id, len);
@@ -881,8 +894,7 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_flow_key_v4 flow;
 	struct lb_vip_entry *vip;
 	struct lb_backend *backend;
-	struct lb_config *cfg;
-	__u32 zero = 0, backend_id = LB_NO_BACKEND;
+	__u32 backend_id = LB_NO_BACKEND;
 
 	stat(LB_STAT_RX, len, 0);
 	switch (lb_parse_untagged(&pkt, data, data_end)) {
@@ -914,10 +926,9 @@ int lb_xdp(struct xdp_md *ctx)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	if (!vip || vip->mode == LB_MODE_NAT)
 		return nat_frame(ctx, data, data_end, &pkt, &flow, vip, len);
-	cfg = bpf_map_lookup_elem(&config_map, &zero);
-	if (!cfg || vip->vip_id >= LB_MAX_VIPS)
+	if (vip->vip_id >= LB_MAX_VIPS)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
-	backend = flow_backend(&flow_map, &flow, LB_FAMILY_V4, cfg, vip, &backend_id, len);
+	backend = flow_backend(&flow_map, &flow, LB_FAMILY_V4, vip, &backend_id, len);
 	if (!backend)
 		return stat(LB_STAT_DROP_NO_BACKEND, len, XDP_DROP);
 	return forward(ctx, data, data_end, &pkt, vip, backend, backend_id, len);

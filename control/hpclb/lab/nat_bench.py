@@ -54,14 +54,17 @@ oldest embryonic connection (``conn_evict``) or drops (``drop_conn_full``), the
 kernel early-drops an unassured entry (``conntrack -S``): reported per trial.
 
 **Memory per entry** (the memory phase). XDP: ``bpftool map show`` of the pinned
-``conn_map`` (and of the embryonic FIFO ``conn_fifo``, and of DSR's ``flow_map``):
-``bytes_memlock`` (what the kernel charges for the map) divided by ``max_entries``.
+``conn_map`` (and of the embryonic FIFO ``conn_fifo``, of their IPv6 twins
+``conn6_map`` and ``conn6_fifo``, and of DSR's ``flow_map``): ``bytes_memlock``
+(what the kernel charges for the map) divided by ``max_entries``, per family.
 DPDK: the forwarder's hugepage heap (``/eal/heap_info`` on its telemetry socket),
 allocated bytes with two table sizes: the difference divided by the difference in
-entries (the marginal cost of an entry, everything else equal); beside it the same
-figure computed from the structures (``dpdk_conn_bytes``: rte_hash key store,
-buckets, extendable buckets, rings; the slot array, free list and FIFO of
-fwd_conn.c). Kernel: the ``nf_conntrack`` slab's object size (``/proc/slabinfo``)
+entries (the marginal cost of an entry, everything else equal; the forwarder
+allocates one table per family, each of the size, so this is an IPv4 entry plus
+an IPv6 one); beside it the same figure computed from the structures
+(``dpdk_conn_bytes`` per family, summed by ``dpdk_nat_tables_bytes``: rte_hash
+key store, buckets, extendable buckets, rings; the slot array, free list and
+FIFO of fwd_conn_family.c.h). Kernel: the ``nf_conntrack`` slab's object size (``/proc/slabinfo``)
 plus its share of the hash buckets, per connection (one object holds both
 directions; hpclb's tables hold two entries per connection, so the comparison is
 per connection).
@@ -528,11 +531,13 @@ def bpf_map_info(pin: Path) -> dict[str, Any]:
 
 
 def xdp_table_memory(appliance: LabAppliance) -> dict[str, Any]:
-    """The XDP data plane's connection table (conn_map), its embryonic FIFO (conn_fifo)
-    and DSR's flow table (flow_map), from the kernel's accounting of the pinned maps."""
+    """The XDP data plane's connection tables, one per family (conn_map and conn6_map),
+    their embryonic FIFOs (conn_fifo, conn6_fifo) and DSR's IPv4 flow table (flow_map),
+    from the kernel's accounting of the pinned maps. Both families' tables are sized
+    by the one --conn-table-size and preallocated, so both are spent whatever the mix."""
     pin = Path("/sys/fs/bpf/hpclb") / appliance.name
     maps = {}
-    for name in ("conn_map", "conn_fifo", "flow_map"):
+    for name in ("conn_map", "conn_fifo", "conn6_map", "conn6_fifo", "flow_map"):
         info = bpf_map_info(pin / name)
         maps[name] = {k: info.get(k) for k in ("type", "bytes_key", "bytes_value",
                                               "max_entries", "bytes_memlock", "flags")}
@@ -540,17 +545,24 @@ def xdp_table_memory(appliance: LabAppliance) -> dict[str, Any]:
                                                info.get("max_entries"))
     entries = maps["conn_map"]["max_entries"]
     per_entry = (maps["conn_map"]["bytes_memlock"] + maps["conn_fifo"]["bytes_memlock"]) / entries
+    per_entry6 = ((maps["conn6_map"]["bytes_memlock"] + maps["conn6_fifo"]["bytes_memlock"])
+                  / maps["conn6_map"]["max_entries"])
     return {
         "how": "bpftool map show pinned /sys/fs/bpf/hpclb/<appliance>/{conn_map,conn_fifo,"
-               "flow_map}: bytes_memlock (the kernel's memory accounting of the map) / "
-               "max_entries; conn_map is a preallocated BPF hash (key 16 B, value 40 B, "
-               "two entries per connection), conn_fifo a BPF queue of 16-byte keys as long "
-               "as the table",
+               "conn6_map,conn6_fifo,flow_map}: bytes_memlock (the kernel's memory "
+               "accounting of the map) / max_entries; conn_map is a preallocated BPF hash "
+               "(key 16 B, value 40 B, two entries per connection), conn_fifo a BPF queue "
+               "of 16-byte keys as long as the table; conn6_map and conn6_fifo the same "
+               "for IPv6 (key 40 B, value 64 B; queue of 40-byte keys), as long",
         "maps": maps,
         "table_entries": entries,
         "bytes_per_entry": per_entry,
         "bytes_per_connection": 2 * per_entry,
         "conn_map_bytes_per_entry": maps["conn_map"]["bytes_per_entry"],
+        "ipv6_bytes_per_entry": per_entry6,
+        "ipv6_bytes_per_connection": 2 * per_entry6,
+        "conn6_map_bytes_per_entry": maps["conn6_map"]["bytes_per_entry"],
+        "both_families_bytes_per_entry": per_entry + per_entry6,
         "dsr_flow_map_bytes_per_entry": maps["flow_map"]["bytes_per_entry"],
     }
 
@@ -570,33 +582,48 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-def dpdk_conn_bytes(capacity: int, workers: int = 1) -> dict[str, int]:
-    """Bytes of the DPDK forwarder's NAT table with ``capacity`` entries, from the
-    structures (fwd_conn.c's fwd_conn_init; DPDK 22.11's rte_hash_create, extendable
-    buckets, no multi-writer cache): rte_hash's key store ((entries + 1) slots of
-    align16(8 + 16) bytes), its free-slot ring (align_pow2(entries + 1) x 4), its
+# Per family: (key bytes, slot bytes) of the DPDK connection table
+# (fwd_conn.c's FC_KEY and FC_SLOT_SIZE: struct lb_flow_key_v4 / lb_flow_key,
+# struct fwd_conn_slot / fwd_conn6_slot).
+DPDK_CONN_FAMILY = {4: (16, 64), 6: (40, 128)}
+
+
+def dpdk_conn_bytes(capacity: int, workers: int = 1, family: int = 4) -> dict[str, int]:
+    """Bytes of one of the DPDK forwarder's NAT tables (``family`` 4 or 6; it
+    allocates one per family, each of ``capacity`` entries) from the structures
+    (fwd_conn_family.c.h's init; DPDK 22.11's rte_hash_create, extendable buckets,
+    no multi-writer cache): rte_hash's key store ((entries + 1) slots of
+    align16(8 + key) bytes), its free-slot ring (align_pow2(entries + 1) x 4), its
     buckets and as many extendable ones (align_pow2(entries) / 8 x 64 each) and their
-    ring (align_pow2(buckets + 1) x 4); fwd_conn.c's slots (one 64-byte cache line
-    each), free-slot stack (4 each) and embryonic FIFO (16 per entry of the capacity),
-    and with several workers the retired list (16 each) and headroom slots. Ring and
-    allocation headers (a few hundred bytes) are left out."""
+    ring (align_pow2(buckets + 1) x 4); the table's slots (a 64-byte cache line each
+    for IPv4, two for IPv6), free-slot stack (4 each) and embryonic FIFO (one key per
+    entry of the capacity), and with several workers the retired list (16 each) and
+    headroom slots. Ring and allocation headers (a few hundred bytes) are left out."""
+    key, slot = DPDK_CONN_FAMILY[family]
     headroom = 4096 * workers if workers > 1 else 0
     nslots = capacity + headroom
     buckets = _pow2(nslots) // 8
     parts = {
-        "rte_hash_keys": (nslots + 1) * 32,
+        "rte_hash_keys": (nslots + 1) * (-(-(8 + key) // 16) * 16),
         "rte_hash_free_ring": _pow2(nslots + 1) * 4,
         "rte_hash_buckets": buckets * 64,
         "rte_hash_ext_buckets": buckets * 64,
         "rte_hash_ext_ring": _pow2(buckets + 1) * 4,
-        "slots": nslots * 64,
+        "slots": nslots * slot,
         "free_slots": nslots * 4,
-        "fifo": capacity * 16,
+        "fifo": capacity * key,
         "retired": nslots * 16 if workers > 1 else 0,
     }
     if workers > 1:
         parts["rte_hash_ext_bkt_to_free"] = (nslots + 1) * 4
     return parts
+
+
+def dpdk_nat_tables_bytes(capacity: int, workers: int = 1) -> int:
+    """Bytes of both of the forwarder's NAT tables (IPv4 and IPv6, each of
+    ``capacity`` entries): what its heaps grow by with the table size."""
+    return sum(sum(dpdk_conn_bytes(capacity, workers, family).values())
+               for family in DPDK_CONN_FAMILY)
 
 
 def _dpdk_memory(lab: GatewayLab, workdir: Path) -> dict[str, Any]:
@@ -611,17 +638,27 @@ def _dpdk_memory(lab: GatewayLab, workdir: Path) -> dict[str, Any]:
             readings[size] = dpdk_heap_alloc(appliance)["alloc_bytes"]
     small, big = DPDK_MEMORY_SIZES
     computed = {size: dpdk_conn_bytes(size) for size in DPDK_MEMORY_SIZES}
+    computed6 = {size: dpdk_conn_bytes(size, family=6) for size in DPDK_MEMORY_SIZES}
     per_entry = (readings[big] - readings[small]) / (big - small)
     return {
         "how": "the forwarder's hugepage heaps (/eal/heap_info on its telemetry socket): "
                f"bytes allocated with nat.conn_table_size {big} minus with {small}, divided "
-               "by the difference in entries (1 worker); 'computed' is the same from the "
-               "structures (hpclb.lab.nat_bench.dpdk_conn_bytes)",
+               "by the difference in entries (1 worker): both families' tables (the "
+               "forwarder allocates an IPv4 and an IPv6 table, each of conn_table_size "
+               "entries), so bytes_per_entry is an entry in each; 'computed' is the same "
+               "from the structures (hpclb.lab.nat_bench.dpdk_conn_bytes, per family, "
+               "summed: dpdk_nat_tables_bytes), 'computed_ipv4' the IPv4 table alone",
         "heap_alloc_bytes": {str(k): v for k, v in readings.items()},
         "bytes_per_entry": per_entry,
         "bytes_per_connection": 2 * per_entry,
         "computed": {
             "parts_bytes": {str(k): v for k, v in computed.items()},
+            "parts_bytes_ipv6": {str(k): v for k, v in computed6.items()},
+            "bytes_per_entry": dpdk_nat_tables_bytes(big) / big,
+            "bytes_per_entry_marginal": (dpdk_nat_tables_bytes(big)
+                                         - dpdk_nat_tables_bytes(small)) / (big - small),
+        },
+        "computed_ipv4": {
             "bytes_per_entry": sum(computed[big].values()) / big,
             "bytes_per_entry_marginal": (sum(computed[big].values())
                                          - sum(computed[small].values())) / (big - small),
@@ -671,7 +708,7 @@ def _memory_phase(lab: GatewayLab, workdir: Path, planes: list[str],
                 ValueError) as err:
             mem["dpdk"] = {"error": str(err)[-1500:],
                            "computed_bytes_per_entry":
-                               sum(dpdk_conn_bytes(CONN_TABLE_DEFAULT).values())
+                               dpdk_nat_tables_bytes(CONN_TABLE_DEFAULT)
                                / CONN_TABLE_DEFAULT}
     if kernel:
         mem["nftables"] = kernel_conntrack_memory()
