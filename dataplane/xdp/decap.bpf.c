@@ -9,8 +9,8 @@
  * kernel has ipip/ip6_tunnel/fou does the same with an ipip or ip6tnl device
  * (or `ip fou add port 6080 gue`), but the kernels hpclb is tested on have
  * none of those modules; this program needs nothing but XDP. It is attached
- * to the backend's interface that faces the appliance (docs/ARCHITECTURE.md
- * "Tunnel mode: the backends" has the set-up).
+ * to the backend's interface that faces the appliance (docs/ARCHITECTURE.md,
+ * "Tunnel mode", the backends, has the set-up).
  *
  * What is decapsulated (every header's length checked against the frame):
  *   untagged IPv4, not a fragment, proto 4 (IPIP) or 41 (6in4), or proto 17
@@ -36,23 +36,19 @@
  * would drop it).
  *
  * Configuration: decap_config[0].gue_port, the GUE UDP port in host order;
- * 0 (the map's initial value) means LB_DECAP_GUE_PORT_DEFAULT, 6080, the
+ * 0 (the map's initial value) means LB_GUE_PORT_DEFAULT (lb_tables.h), 6080, the
  * port hpclb's tunnel configuration uses unless told otherwise. The loader
  * writes it with `bpftool map update` (the lab: hpclb.lab.tunnel).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
-#include "lb_parse.h"
-
-#define LB_DECAP_GUE_PORT_DEFAULT 6080
-#define LB_DECAP_IPIP 4
-#define LB_DECAP_IPV6 41
+#include "lb_encap.h" /* the outer headers' constants: what is taken off is what it writes */
 
 enum { DECAP_STAT_DECAP = 0, DECAP_STAT_PASS = 1, DECAP_STAT_MALFORMED = 2, DECAP_STAT_MAX };
 
 struct decap_config {
-	__u16 gue_port; /* host order; 0 = LB_DECAP_GUE_PORT_DEFAULT */
+	__u16 gue_port; /* host order; 0 = LB_GUE_PORT_DEFAULT */
 	__u16 pad;
 };
 
@@ -84,7 +80,7 @@ static __always_inline __u16 gue_port(void)
 	__u32 zero = 0;
 	struct decap_config *cfg = bpf_map_lookup_elem(&decap_config, &zero);
 
-	return cfg && cfg->gue_port ? cfg->gue_port : LB_DECAP_GUE_PORT_DEFAULT;
+	return cfg && cfg->gue_port ? cfg->gue_port : LB_GUE_PORT_DEFAULT;
 }
 
 /* The inner packet at `inner` (first byte) is of `version` and fits the frame
@@ -119,8 +115,8 @@ static __always_inline int tunnel_len(const __u8 *l3, const void *end, __u32 ip_
 {
 	const __u8 *payload = l3 + ip_hlen;
 
-	if (proto == LB_DECAP_IPIP || proto == LB_DECAP_IPV6) {
-		*version = proto == LB_DECAP_IPIP ? 4 : 6;
+	if (proto == LB_IPPROTO_IPIP || proto == LB_IPPROTO_IPV6) {
+		*version = proto == LB_IPPROTO_IPIP ? 4 : 6;
 		return (int)ip_hlen;
 	}
 	if (proto == LB_IPPROTO_UDP) {
