@@ -72,10 +72,10 @@ def test_nat_bench_every_phase_briefly(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["skipped"] == {} and report["connections"]["skipped"] == {}
     assert set(report["median_forwarded_pps"]) == set(kinds)
-    # Frames went through each kind (a count, from rate x duration): the
+    # Frames went through each kind (the sink's frame count): the
     # bench ran its path end to end. How fast is the JSON's business.
     for kind, trials in report["trials"].items():
-        assert any(t["forwarded_pps"] * t["seconds"] >= 1 for t in trials), (kind, trials)
+        assert any(t["forwarded_frames"] >= 1 for t in trials), (kind, trials)
     # The SYN flood opened connections and their SYN-ACKs came back, translated.
     cps = report["connections"]["trials"]
     assert set(cps) == {k for k in CPS_KINDS if k in kinds}

@@ -89,7 +89,8 @@ def run_generator(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None,
                   settle_s: float = 0.0) -> dict[str, float]:
     """Run trafgen in the client namespace for ``seconds`` (at ``rate_pps``, or
     as fast as it goes), counting with ``offered`` and ``forwarded`` (read
-    before, and ``settle_s`` after); the trial's rates and the frames lost."""
+    before, and ``settle_s`` after); the trial's frame counts, its rates and the
+    frames lost."""
     start_in, start_out = offered(), forwarded()
     argv = ["timeout", "-s", "INT", str(seconds), "trafgen", "--dev", "eth0",
             "--conf", str(cfg), "--cpus", "1", "--no-sock-mem"]
@@ -103,6 +104,8 @@ def run_generator(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None,
     got_out = forwarded() - start_out
     return {
         "seconds": round(elapsed, 3),
+        "offered_frames": got_in,
+        "forwarded_frames": got_out,
         "rate_asked_pps": rate_pps or 0.0,
         "offered_pps": got_in / elapsed,
         "forwarded_pps": got_out / elapsed,
