@@ -218,9 +218,8 @@ LB_NAT_INLINE enum lb_nat_status lb_nat6_xlat(void *data, const void *data_end,
 	struct lb_l4_ports *ports;
 	__u8 *csum;
 	__u32 l3_off, l4_off, pkt_len, need;
-	union lb_addr old_addr, new_addr;
-	__be16 old_port;
-	__u16 check, orig_check;
+	union lb_addr old_addr;
+	__u16 check;
 	__u8 proto = p->proto;
 
 	if (p->family != LB_FAMILY_IPV6 || !lb_l4_supported(proto) ||
@@ -255,35 +254,21 @@ LB_NAT_INLINE enum lb_nat_status lb_nat6_xlat(void *data, const void *data_end,
 	if (LB_PAST_END(csum, 2, end))
 		return LB_NAT_MALFORMED;
 
-	/* All checked: compute, then write. The checksum arithmetic is
-	 * lb_nat6_l4_csum's for the destination, then for the source. */
-	__builtin_memcpy(&orig_check, csum, 2);
-	check = orig_check;
+	/* All checked: compute, then write, the destination first. UDP's 0,
+	 * "no checksum", stays 0 through both (lb_nat6_l4_csum). */
+	__builtin_memcpy(&check, csum, 2);
 	if (daddr) {
 		__builtin_memcpy(old_addr.v6, ip6->daddr, 16);
-		__builtin_memcpy(new_addr.v6, daddr->v6, 16);
-		old_port = ports->dport;
-		check = lb_csum_replace16(check, old_addr.v6w, new_addr.v6w);
-		check = lb_csum_replace2(check, old_port, dport);
-		if (proto == LB_IPPROTO_UDP)
-			check = lb_nat_udp_csum(check);
-		__builtin_memcpy(ip6->daddr, new_addr.v6, 16);
+		check = lb_nat6_l4_csum(check, proto, &old_addr, daddr, ports->dport, dport);
+		__builtin_memcpy(ip6->daddr, daddr->v6, 16);
 		ports->dport = dport;
 	}
 	if (saddr) {
 		__builtin_memcpy(old_addr.v6, ip6->saddr, 16);
-		__builtin_memcpy(new_addr.v6, saddr->v6, 16);
-		old_port = ports->sport;
-		check = lb_csum_replace16(check, old_addr.v6w, new_addr.v6w);
-		check = lb_csum_replace2(check, old_port, sport);
-		if (proto == LB_IPPROTO_UDP)
-			check = lb_nat_udp_csum(check);
-		__builtin_memcpy(ip6->saddr, new_addr.v6, 16);
+		check = lb_nat6_l4_csum(check, proto, &old_addr, saddr, ports->sport, sport);
+		__builtin_memcpy(ip6->saddr, saddr->v6, 16);
 		ports->sport = sport;
 	}
-	/* UDP's 0, "no checksum", stays 0. */
-	if (proto == LB_IPPROTO_UDP && orig_check == 0)
-		check = 0;
 	__builtin_memcpy(csum, &check, 2);
 	return LB_NAT_OK;
 }
