@@ -302,6 +302,17 @@ def predicted(app: LabAppliance, client: str, vip: str, proto: int,
                                             len(ring))])] for sport in sports}
 
 
+def wait_slow_start_over(app: LabAppliance, name: str, weight: float,
+                         version: int = 4) -> None:
+    """Wait until backend ``name``, back up, has its whole configured ``weight`` in
+    the ring again: right after it comes back its slow start gives it only the
+    pool's floor share (5 %), so a check that it "takes new flows" would be a
+    lottery on a hundred connections."""
+    pool, backend = app.pool_name(version), app.backend_name(name, version)
+    app.wait_status(lambda s: s["weights"][pool][backend] == weight, timeout_s=30.0,
+                    what=f"{backend}'s slow start over (ring weight {weight})")
+
+
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

@@ -62,6 +62,7 @@ from .nat_holder import (
     predicted,
     vip_id,
     wait_for,
+    wait_slow_start_over,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -76,6 +77,8 @@ DOWN = 2  # LB_BACKEND_DOWN in the data plane's dump
 # fall x interval plus a push once its link is gone.
 PROBE: dict[str, Any] = {"kind": "tcp", "port": LAB_PORT, "interval_s": 0.5, "timeout_s": 0.5,
                          "rise": 2, "fall": 3, "damping": {"enabled": False}}
+# A short slow start: a backend back up has its whole weight again within seconds.
+POLICY: dict[str, Any] = {"slow_start_s": 2.0}
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +234,7 @@ def test_a_backend_down_takes_no_new_flows_and_its_connections_are_rescheduled(
     new backend, which has no such connection, resets them (an RST through the
     appliance): "reset" at the client, never a hang; the others never notice. Once
     b2's link is back, it is up again and takes new connections."""
-    app = start_appliance(WEIGHTS | {"b2": 2.0}, probe=PROBE,
+    app = start_appliance(WEIGHTS | {"b2": 2.0}, probe=PROBE, policy=POLICY,
                           nat={"on_backend_down": "reschedule"})
     app.wait_status(lambda s: all(h["up"] for h in s["health"].values()), what="all up")
     holder = hold(30, first_port(dataplane, 14000, 50))
@@ -271,6 +274,7 @@ def test_a_backend_down_takes_no_new_flows_and_its_connections_are_rescheduled(
         kill_connections(lab, 2, on_b2)
     app.wait_status(lambda s: s["health"]["b2"]["up"], what="b2 up again")
     wait_for(lambda: backend_states(app)["b2"] != DOWN, 10, "b2 up in the data plane")
+    wait_slow_start_over(app, "b2", 2.0)
     back = lab.run_client(LAB_VIP, LAB_PORT, connections=200, concurrency=20)
     assert back["failures"] == 0 and back["counts"].get("b2", 0) > 0, back
     assert_all_held([c for c in holder.close() if c["sport"] not in on_b2])

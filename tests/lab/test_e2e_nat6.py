@@ -60,6 +60,7 @@ from .nat_holder import (
     kill_connections,
     predicted,
     wait_for,
+    wait_slow_start_over,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -78,6 +79,8 @@ DOWN = 2  # LB_BACKEND_DOWN in the data plane's dump
 # side as the appliance's address does), and a probe must never pass for a NATed
 # connection in what a backend sees on LAB_PORT.
 PROBE_PORT = LAB_PORT + 1
+# A short slow start: a backend back up has its whole weight again within seconds.
+POLICY: dict[str, Any] = {"slow_start_s": 2.0}
 PROBE: dict[str, Any] = {"kind": "tcp", "port": PROBE_PORT, "interval_s": 0.5,
                          "timeout_s": 0.5, "rise": 2, "fall": 3, "damping": {"enabled": False}}
 PORT_BASE = {"xdp": 30000, "dpdk": 35000}  # each plane's fixed source ports
@@ -109,6 +112,7 @@ def appliance(request: pytest.FixtureRequest, lab: GatewayLab,
     dataplane = str(request.param)
     app = LabAppliance(lab, tmp_path_factory.mktemp(f"nat6-{dataplane}"), WEIGHTS,
                        dataplane=dataplane, mode="nat", vips=VIPS, probe=PROBE,
+                       policy=POLICY,
                        nat={"on_backend_down": "reschedule",
                             "snat": {"addresses": [SNAT_IP, SNAT_IP6],
                                      "ports": f"{SNAT_PORTS[0]}-{SNAT_PORTS[1]}"}},
@@ -376,6 +380,7 @@ def test_ipv6_backend_down_takes_no_new_flows_and_its_connections_are_reschedule
         kill_connections(lab, 2, on_b2)
     appliance.wait_status(lambda s: s["health"]["b2-v6"]["up"], what="b2 up again")
     wait_for(lambda: backend_states(appliance, 6)["b2"] != DOWN, 10, "b2 up in the data plane")
+    wait_slow_start_over(appliance, "b2", WEIGHTS["b2"], 6)
     back = lab.run_client(LAB_VIP6, LAB_PORT, connections=100, concurrency=20)
     assert back["failures"] == 0 and back["counts"].get("b2", 0) > 0, (
         back, appliance.client.dump()["backends"], counters(appliance))
