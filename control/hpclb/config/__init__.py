@@ -7,17 +7,20 @@ floor imports only the contract beneath it.
 
 from __future__ import annotations
 
+from hpclb.config.document import ConfigDocument, EditError
 from hpclb.config.loader import (
     MAX_CONFIG_BYTES,
     ConfigError,
     ConfigIssue,
     load_config,
     parse_config,
+    read_config_text,
 )
 from hpclb.config.schema import (
     DEFAULT_TELEMETRY_PORT,
     PCI_ADDRESS,
     AdminState,
+    ApiConfig,
     ApplianceConfig,
     BackendConfig,
     ConnTimeouts,
@@ -50,14 +53,17 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "PCI_ADDRESS",
     "AdminState",
+    "ApiConfig",
     "ApplianceConfig",
     "BackendConfig",
+    "ConfigDocument",
     "ConfigError",
     "ConfigIssue",
     "ConnTimeouts",
     "Dataplane",
     "DpdkConfig",
     "DpdkDriver",
+    "EditError",
     "ForwardingMode",
     "HpclbConfig",
     "IfName",
@@ -80,4 +86,5 @@ __all__ = [
     "XdpMode",
     "load_config",
     "parse_config",
+    "read_config_text",
 ]

@@ -311,6 +311,12 @@ def load_config(path: str | Path) -> HpclbConfig:
 
     A file larger than MAX_CONFIG_BYTES is refused before it is parsed (and read
     no further than that, whatever it is)."""
+    return parse_config(read_config_text(path), str(path))
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a configuration file, unparsed (ConfigError when it cannot be
+    read or is larger than MAX_CONFIG_BYTES)."""
     name = str(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -323,4 +329,4 @@ def load_config(path: str | Path) -> HpclbConfig:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError([ConfigIssue(name, None, None, "", f"cannot read: {reason}")]) from None
-    return parse_config(text, name)
+    return text

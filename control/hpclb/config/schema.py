@@ -131,6 +131,28 @@ class XdpConfig(_Strict):
     flow_table_size: int = Field(tables.MAX_FLOWS, strict=True, ge=1, le=tables.MAX_FLOWS)
 
 
+class ApiConfig(_Strict):
+    """The REST API and the status page (``appliance.api``), served by the
+    control-plane process. Tokens come from these files and from the
+    environment (HPCLB_API_READ_TOKENS, HPCLB_API_WRITE_TOKENS, comma
+    separated); with none at all the API refuses to start."""
+
+    # "host:port" or ":port" (on the management address); never a wildcard nor a VIP.
+    listen: str = Field(":8443", pattern=r"^[^\s/]*:\d{1,5}$")
+    # One token per line ('#' comments); not readable by others (preflight).
+    read_tokens_file: Path | None = None
+    write_tokens_file: Path | None = None
+    # A request body larger than this is refused (413) before it is read.
+    max_body_bytes: int = Field(65536, strict=True, ge=1024, le=4 * 1024 * 1024)
+
+    def endpoint(self, management: IPv4Address | None) -> tuple[str, int]:
+        """(address, port) the API binds; the management address for ":port"."""
+        host, _, port = self.listen.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]  # an IPv6 address, bracketed as in a URL
+        return (host or str(management)), int(port)
+
+
 class DpdkDriver(StrEnum):
     AF_XDP = "af_xdp"  # a vdev on the kernel interface (AF_XDP socket)
     AF_PACKET = "af_packet"  # a vdev on the kernel interface (AF_PACKET socket)
@@ -212,6 +234,11 @@ class ApplianceConfig(_Strict):
     # Prometheus exporter, "host:port" (e.g. 10.0.0.5:9108) or ":port" (on the
     # management address); bound inside `netns`; none when unset.
     metrics: str | None = Field(None, pattern=r"^[^\s:/]*:\d{1,5}$")
+    # The REST API and status page; none when unset.
+    api: ApiConfig | None = None
+    # The control plane's state checkpoint is written on every change and at
+    # least this often (seconds).
+    checkpoint_interval_s: float = Field(3600.0, ge=1.0, le=7 * 86400.0, allow_inf_nan=False)
 
     @property
     def metrics_endpoint(self) -> tuple[str, int] | None:
@@ -581,6 +608,9 @@ class HpclbConfig(_Strict):
         if self.appliance.metrics is not None:
             services.append((("appliance", "metrics"),
                              self.appliance.metrics.rpartition(":")[0] or None, "metrics"))
+        if self.appliance.api is not None:
+            services.append((("appliance", "api", "listen"),
+                             self.appliance.api.listen.rpartition(":")[0] or None, "REST API"))
         for loc, host, what in services:
             if host is None:
                 if management is None:

@@ -25,7 +25,10 @@ The rules, in the order they apply, and why each is there:
    not take one (draining, down) gets no slot, so new flows hash straight to
    backends that may instead of leaning on the data plane's 8-slot probe to skip
    it (pinned flows do not consult the ring, so a draining backend keeps them).
-5. **An UP backend weighs configured weight x capacity x slow start.**
+5. **A pinned weight wins**: an operator's pin (REST API, ``pin``) holds an
+   UP backend's ring weight at the pinned value until the pin expires by
+   itself; health and admin state still apply (rules 1-4 come first).
+6. **An UP backend weighs configured weight x capacity x slow start.**
    Capacity is the tracker's published weight in a dynamic pool (what the node
    has left: a busy node gets fewer new flows) and 1 in a static pool. Slow
    start (:func:`~hpclb.balancing.weights.slow_start_steps`, the same function
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -52,6 +56,7 @@ from hpclb.balancing.weights import (
     GpuSample,
     NodeSample,
     WeightTracker,
+    score,
     slow_start_steps,
     to_us,
 )
@@ -61,6 +66,9 @@ from hpclb.health.backend import BackendHealth, Change
 from hpclb.telemetry.message import TelemetryMessage
 
 log = logging.getLogger(__name__)
+
+#: Health changes kept for the status (flapping shows there).
+TRANSITIONS_KEPT = 256
 
 # The operator's word, as the data plane spells it (rule 3).
 _ADMIN_STATE = {
@@ -113,6 +121,12 @@ class BackendDecider:
         self.health = BackendHealth(missed)
         self.trackers: dict[str, WeightTracker] = {}
         self.unresolved: frozenset[str] = frozenset()
+        # Operator pins: backend -> (ring weight, wall-clock expiry).
+        self.pins: dict[str, tuple[float, float]] = {}
+        # The last accepted telemetry sample of each backend and when it came
+        # (wall clock): the inputs of its weight, for the status and the API.
+        self.samples: dict[str, tuple[NodeSample, float]] = {}
+        self.transitions: deque[Change] = deque(maxlen=TRANSITIONS_KEPT)
         self.config = config
         self.reconfigure(config)
 
@@ -135,6 +149,9 @@ class BackendDecider:
         for name in list(self.health.snapshot()):
             if name not in present:
                 self.health.forget(name)
+        for table in (self.pins, self.samples):
+            for name in [n for n in table if n not in present]:
+                del table[name]
         self.unresolved &= present
 
     # --- inputs --------------------------------------------------------------
@@ -147,6 +164,7 @@ class BackendDecider:
             return None
         log.warning("backend %s is %s: %s", change.backend, "up" if change.up else "DOWN",
                     change.reason)
+        self.transitions.append(change)
         pool = self.config.pool_of(change.backend)
         if pool in self.trackers:
             self.trackers[pool].set_up(change.backend, change.up)
@@ -164,7 +182,29 @@ class BackendDecider:
         tracker = self.trackers.get(pool) if pool else None
         if tracker is None:
             return False, change
-        return tracker.observe(to_node_sample(msg, rtt_ms), now=wall), change
+        sample = to_node_sample(msg, rtt_ms)
+        accepted = tracker.observe(sample, now=wall)
+        if accepted:
+            self.samples[msg.node] = (sample, wall)
+        return accepted, change
+
+    def pin(self, name: str, weight: float | None, until: float) -> None:
+        """Hold backend ``name``'s ring weight at ``weight`` until ``until`` (wall
+        clock); ``weight`` None removes the pin."""
+        if weight is None:
+            self.pins.pop(name, None)
+        else:
+            self.pins[name] = (weight, until)
+
+    def _pinned(self, name: str, now: float) -> float | None:
+        pin = self.pins.get(name)
+        if pin is None:
+            return None
+        if now >= pin[1]:  # expired by itself
+            del self.pins[name]
+            log.info("backend %s: weight pin expired", name)
+            return None
+        return pin[0]
 
     def expire(self, mono: float, wall: float,
                heard_since: float | None = -math.inf) -> list[Change]:
@@ -187,6 +227,9 @@ class BackendDecider:
         state = _ADMIN_STATE[b.state]  # rule 3
         if state is not BackendState.UP:
             return BackendDecision(b.name, state, 0.0)  # rule 4
+        pinned = self._pinned(b.name, now)
+        if pinned is not None:
+            return BackendDecision(b.name, state, pinned)  # rule 5
         policy = pool.policy
         tracker = self.trackers.get(pool_name)
         # Capacity in grid steps: the tracker's in a dynamic pool, the whole grid
@@ -199,7 +242,7 @@ class BackendDecider:
         # steps / grid first, as the tracker publishes a share (exact for a
         # power-of-two grid), then one multiplication by the configured weight:
         # the same two correctly rounded operations on every appliance.
-        return BackendDecision(b.name, state, b.weight * (steps / policy.grid))
+        return BackendDecision(b.name, state, b.weight * (steps / policy.grid))  # rule 6
 
     def decisions(self, pool_name: str, now: float) -> tuple[BackendDecision, ...]:
         """The decisions of one pool's backends, in the configuration's order."""
@@ -215,7 +258,7 @@ class BackendDecider:
         dynamic pool's rate limit walks its weights, a backend that came back up
         is in (or was in) its slow start. The controller then compares decisions
         every push interval instead of waiting for an event."""
-        return bool(self.trackers) or any(
+        return bool(self.trackers) or bool(self.pins) or any(
             self.health.up_since(b.name) is not None
             for p in self.config.pools.values() for b in p.backends)
 
@@ -227,10 +270,33 @@ class BackendDecider:
             for b in pool.backends:  # never probed nor heard: up as far as we know
                 health.setdefault(b.name, {"up": True, "probe_up": True, "beats_missed": False,
                                           "beats_unknown": False})
+        decisions = self.all_decisions(now)
         return {
             "health": dict(sorted(health.items())),
-            "weights": {p: {d.name: d.weight for d in ds}
-                        for p, ds in self.all_decisions(now).items()},
+            "weights": {p: {d.name: d.weight for d in ds} for p, ds in decisions.items()},
+            "states": {d.name: d.state.name.lower() for ds in decisions.values() for d in ds},
+            "pools": {b.name: p for p, pool in self.config.pools.items() for b in pool.backends},
+            "configured_weights": {b.name: b.weight for pool in self.config.pools.values()
+                                   for b in pool.backends},
+            "pins": {name: {"weight": w, "until": until}
+                     for name, (w, until) in sorted(self.pins.items())},
+            "inputs": {name: self._inputs(sample, received, now)
+                       for name, (sample, received) in sorted(self.samples.items())},
+            "transitions": [{"backend": c.backend, "up": c.up, "reason": c.reason,
+                             "time": c.time} for c in self.transitions],
             "samples_accepted": {p: t.accepted for p, t in self.trackers.items()},
             "samples_rejected": {p: t.rejection_counts() for p, t in self.trackers.items()},
+        }
+
+    def _inputs(self, sample: NodeSample, received: float, now: float) -> dict[str, object]:
+        """One backend's weight inputs as the status shows them."""
+        pool = self.config.pool_of(sample.node)
+        policy = self.config.pools[pool].policy if pool in self.config.pools else None
+        return {
+            "cpu_load": sample.cpu_load, "mem_used": sample.mem_used,
+            "mem_total": sample.mem_total, "rtt_ms": sample.rtt_ms,
+            "gpu_mem_used": sum(g.mem_used for g in sample.gpus) if sample.gpus else None,
+            "gpu_mem_total": sum(g.mem_total for g in sample.gpus) if sample.gpus else None,
+            "score": score(sample, policy), "time": sample.time, "received": received,
+            "age_s": max(now - received, 0.0),
         }

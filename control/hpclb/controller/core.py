@@ -33,10 +33,12 @@ faults are raised as alarms in the status and the metrics.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ipaddress
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +49,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from hpclb.balancing import maglev
-from hpclb.config import ConfigError, ForwardingMode, HpclbConfig, VipConfig, load_config
+from hpclb.config import (
+    ConfigDocument,
+    ConfigError,
+    EditError,
+    ForwardingMode,
+    HpclbConfig,
+    VipConfig,
+    parse_config,
+    read_config_text,
+)
 from hpclb.contract.tables import (
     MAX_BACKENDS,
     MAX_VIPS,
@@ -65,6 +76,7 @@ from hpclb.controller.backends import BackendDecider, BackendDecision
 from hpclb.controller.events import ProbeVerdict, TelemetryArrived
 from hpclb.controller.ids import Checkpoint
 from hpclb.controller.monitors import MonitorPlan, Monitors
+from hpclb.controller.operations import Edit, Operations, revision_of
 from hpclb.controller.preflight import check_host
 from hpclb.dataplane.client import snat_order
 from hpclb.dataplane.push import push_tables
@@ -196,6 +208,43 @@ def vip_entry(config: HpclbConfig, vip: VipConfig, vip_id: int) -> Vip:
     return Vip(vip_id, vip.address, vip.port, proto)
 
 
+def write_file_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: a temporary file beside it, fsync, rename,
+    fsync of the folder, so a crash leaves the old file or the new one, never a
+    mix. The file keeps its permissions (an operator's file may be 0640)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o640
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dirfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
+
+
+def rss_bytes(pid: int | str) -> int | None:
+    """A process's resident memory (VmRSS), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class StartError(Exception):
     """The appliance cannot start with its configuration (the message says why)."""
 
@@ -246,7 +295,12 @@ class Controller:
         faces: Sequence[Face] = (),
     ) -> None:
         self.config_path = config_path
-        self.config = load_config(config_path)
+        # The text in force beside its parse: the REST API edits that text (and
+        # only while the file still holds it), and its hash is the revision.
+        self.config_text = read_config_text(config_path)
+        self.config = parse_config(self.config_text, str(config_path))
+        self.revision = revision_of(self.config_text)
+        self.operations = Operations(self)
         self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
         self.keep_dataplane = keep_dataplane
         self.faces = tuple(faces)
@@ -293,6 +347,9 @@ class Controller:
         self._started = False  # start() completed
         self._last_turn = time.monotonic()
         self._stalled: tuple[float, float] | None = None  # (when noticed, seconds)
+        self.hello: dict[str, Any] = {}  # the data plane's last hello (status)
+        self.push_stats: dict[str, Any] = {"count": 0, "failures": 0, "last_duration_s": None,
+                                           "last_at": None}
 
     # --- desired state -----------------------------------------------------
 
@@ -381,16 +438,20 @@ class Controller:
         """Push ``desired``; on any failure, forget what we think the data plane
         holds (the next push reads it back) and retry from the loop."""
         self.desired = desired
+        started = time.monotonic()
         try:
             report = push_tables(self.dataplane.client, self.current, desired)
         except Exception as err:  # the data plane keeps its last good tables
             log.error("table push failed, will retry: %s", err)
             self.current = None
             self.push_pending = True
+            self.push_stats["failures"] += 1
             return False
         self.current = desired
         self.push_pending = False
         self._last_push = time.monotonic()
+        self.push_stats.update(count=self.push_stats["count"] + 1, last_at=time.time(),
+                               last_duration_s=self._last_push - started)
         log.info("pushed tables: %s", report.summary())
         return True
 
@@ -440,6 +501,12 @@ class Controller:
             raise
         return Prepared(config, plan, decider, checkpoint, desired, decisions, faces)
 
+    def _abort(self, prepared: Prepared) -> None:
+        """Release what ``_prepare`` acquired for a configuration never put in force."""
+        self.monitors.abort(prepared.monitors)
+        for change in prepared.faces:
+            change.abort()
+
     def _commit(self, prepared: Prepared) -> None:
         """Put a prepared configuration in force and push its tables."""
         config = prepared.config
@@ -480,7 +547,7 @@ class Controller:
                         "restarting it", hello.get("ring_size"), self.config.appliance.ring_size)
             self.dataplane.stop()
             self.dataplane.start()
-            hello = self.dataplane.client.hello()
+            hello = self.hello = self.dataplane.client.hello()
         log.info(
             "data plane %s, attach mode %s, ring size %s",
             hello.get("dataplane"), hello.get("attach_mode"), hello.get("ring_size"),
@@ -519,7 +586,8 @@ class Controller:
         """Re-read the configuration file; put it in force whole, or refuse it
         whole ("reload refused: <reason>") and change nothing."""
         try:
-            config = self._restart_only(load_config(self.config_path))
+            text = read_config_text(self.config_path)
+            config = self._restart_only(parse_config(text, str(self.config_path)))
             prepared = self._prepare(config)
         except Exception as err:
             if not isinstance(err, (ConfigError, StartError, OSError, ValueError)):
@@ -527,11 +595,65 @@ class Controller:
             log.error("reload refused, keeping the running configuration: %s", err)
             return False
         self.macs.clear()  # a replaced NIC or a moved VM has a new MAC
+        self.config_text, self.revision = text, revision_of(text)
         self._commit(prepared)
         if self.dpdk_host is not None:  # VIPs added or removed: the kernel holds none
             self.dpdk_host.sync_vips(self.config)
         log.info("reload applied")
         return True
+
+    # --- changes from the faces (the loop thread, through Operations) ---------
+
+    def apply_edit(self, edit: Edit, if_match: str | None) -> str:
+        """One REST write as a transaction: edit the text in force, validate it
+        as a reload would, prepare it, write the file (write, fsync, rename),
+        then put it in force. Returns the new revision; EditError (nothing
+        changed anywhere) when refused at any step before the commit."""
+        if if_match not in (None, "*") and if_match != self.revision:
+            raise EditError("precondition_failed", f"the configuration is at revision "
+                            f"{self.revision}, not {if_match}: read it again")
+        try:
+            on_disk = read_config_text(self.config_path)
+        except ConfigError as err:
+            raise EditError("unavailable", str(err)) from err
+        if on_disk != self.config_text:
+            raise EditError("conflict", f"{self.config_path} changed on disk since it was "
+                            "loaded: reload it (SIGHUP) before changing it through the API")
+        doc = ConfigDocument.parse(self.config_text, str(self.config_path))
+        edit(doc)
+        text = doc.text()
+        if text == self.config_text:
+            return self.revision
+        try:
+            config = parse_config(text, str(self.config_path))
+        except ConfigError as err:
+            raise EditError("invalid", "the configuration this change makes is refused",
+                            [str(i) for i in err.issues]) from err
+        try:
+            prepared = self._prepare(self._restart_only(config))
+        except (ConfigError, StartError, OSError, ValueError) as err:
+            raise EditError("invalid", f"refused: {err}") from err
+        try:
+            write_file_atomically(self.config_path, text)
+        except OSError as err:
+            self._abort(prepared)
+            raise EditError("unavailable", f"cannot write {self.config_path}: "
+                            f"{err.strerror or err}; nothing changed") from err
+        self.config_text, self.revision = text, revision_of(text)
+        self._commit(prepared)
+        if self.dpdk_host is not None:
+            self.dpdk_host.sync_vips(self.config)
+        log.info("configuration changed through the API: revision %s", self.revision)
+        return self.revision
+
+    def pin(self, backend: str, weight: float | None, duration_s: float) -> None:
+        """Pin (or, with ``weight`` None, unpin) a backend's ring weight; pushed now."""
+        if self.config.pool_of(backend) is None:
+            raise EditError("not_found", f"no backend {backend!r}")
+        self.decider.pin(backend, weight, time.time() + duration_s)
+        log.info("backend %s: %s", backend, "unpinned" if weight is None else
+                 f"weight pinned at {weight:g} for {duration_s:g} s")
+        self._push(self.tables_for(self.config, resolve=False))
 
     # --- events --------------------------------------------------------------
 
@@ -604,9 +726,19 @@ class Controller:
         report = self.decider.report(time.time())
         self._health_report(report)
         status = {"time": time.time(), "dataplane": self.choice.kind.value,
+                  "revision": self.revision,
                   "pushes_pending": self.push_pending,
                   "alarms": self.alarms(time.monotonic()), **report,
-                  **self.monitors.counters()}
+                  **self.monitors.counters(),
+                  "ids": {"vips": dict(self.checkpoint.vips.ids),
+                          "backends": dict(self.checkpoint.backends.ids)},
+                  "rtt_ms": {b.name: self.monitors.rtt_ms(b.name)
+                             for p in self.config.pools.values() for b in p.backends},
+                  "push": dict(self.push_stats),
+                  "memory": {"control_rss_bytes": rss_bytes("self"),
+                             "dataplane_rss_bytes": (None if self.dataplane.pid is None
+                                                     else rss_bytes(self.dataplane.pid))},
+                  "dataplane_info": self._dataplane_info()}
         try:
             status["dataplane_stats"] = self.dataplane.client.stats()
         except Exception as err:  # a missing figure, not a reason to stop
@@ -617,6 +749,15 @@ class Controller:
         tmp.write_text(json.dumps(status, indent=1, default=str))
         tmp.replace(path)
 
+    def _dataplane_info(self) -> dict[str, Any]:
+        app = self.config.appliance
+        return {"kind": self.choice.kind.value, "reason": self.choice.reason,
+                "attach_mode": self.hello.get("attach_mode"), "pid": self.dataplane.pid,
+                "capabilities": list(self.hello.get("capabilities", ())),
+                "interfaces": {"ingress": app.interfaces.ingress,
+                               "egress": list(app.interfaces.egress)},
+                "netns": app.netns}
+
     def step(self) -> None:
         """One turn of the loop: restart a dead data plane, apply a reload,
         retry a failed push, and look again for backends that did not answer
@@ -625,6 +766,8 @@ class Controller:
         self._note_turn(now)
         if self.dataplane.restart_if_dead():
             self.current = None
+            with contextlib.suppress(Exception):  # the status only; the push says more
+                self.hello = self.dataplane.client.hello()
             self._push(self.tables_for(self.config))
         now = time.monotonic()
         if now - self._last_health >= HEALTH_INTERVAL_S:
@@ -633,6 +776,7 @@ class Controller:
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
+        self.operations.run_pending()
         self._handle_events()
         if now - self._last_status >= STATUS_INTERVAL_S:
             self._last_status = now

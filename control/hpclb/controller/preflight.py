@@ -75,6 +75,8 @@ def service_addresses(config: HpclbConfig) -> Iterator[tuple[str, Address]]:
             yield "telemetry.bind", addr
     if app.metrics_endpoint is not None:
         yield "appliance.metrics", _host_address(app.metrics_endpoint[0])
+    if app.api is not None:
+        yield "appliance.api.listen", _host_address(app.api.endpoint(app.management_address)[0])
 
 
 def ca_file_problems(config: HpclbConfig) -> list[str]:
