@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import CommentMark, YAMLError
 from ruamel.yaml.tokens import CommentToken
 
 #: The backend states an operator sets (AdminState's values).
@@ -37,34 +40,90 @@ class EditError(Exception):
         self.problems = problems or []
 
 
-def _yaml(indent: tuple[int, int, int] | None = None) -> YAML:
-    """A round-trip YAML; ``indent`` (mapping, sequence, dash offset) as the
-    operator's file has it, so an edit does not re-indent the whole file."""
+@dataclass(frozen=True)
+class Layout:
+    """How the operator's file is written: block indentation (mapping,
+    sequence, dash offset) and how it spells an empty value (``null`` or
+    nothing), so that an edit rewrites only the lines it changes."""
+
+    mapping: int = 2
+    sequence: int = 2
+    offset: int = 0
+    null: str = ""
+
+
+def _yaml11_misreads(value: str) -> bool:
+    """Whether the loader (PyYAML, YAML 1.1) would read plain ``value`` as
+    something other than a string: a MAC of digits (sexagesimal), ``on``..."""
+    return _YAML11.resolve(yaml.ScalarNode, value, (True, False)) != "tag:yaml.org,2002:str"
+
+
+_YAML11 = yaml.resolver.Resolver()
+
+
+def _yaml(layout: Layout) -> YAML:
+    """A round-trip YAML writing as ``layout``. A new string the loader would
+    misread unquoted is quoted (strings already in the file keep their style)."""
     y = YAML(typ="rt")
     y.preserve_quotes = True
     y.width = 4096  # never fold a long line the operator wrote on one
-    if indent is not None:
-        y.indent(mapping=indent[0], sequence=indent[1], offset=indent[2])
+    y.indent(mapping=layout.mapping, sequence=layout.sequence, offset=layout.offset)
+    rep = y.representer
+
+    def represent_str(r: Any, data: str) -> Any:
+        if data and _yaml11_misreads(data):
+            return r.represent_scalar("tag:yaml.org,2002:str", data, style="'")
+        return r.represent_str(data)
+
+    rep.add_representer(str, represent_str)
+    if layout.null:
+        rep.add_representer(type(None), lambda r, _: r.represent_scalar(
+            "tag:yaml.org,2002:null", layout.null))
     return y
 
 
 # (mapping, sequence, dash offset) layouts tried, the common ones first.
-_LAYOUTS = ((2, 2, 0), (2, 4, 2), (4, 4, 2), (4, 4, 0), (2, 3, 1), (4, 6, 2))
+_INDENTS = ((2, 2, 0), (2, 4, 2), (4, 4, 2), (4, 4, 0), (2, 3, 1), (4, 6, 2))
+_NULL = re.compile(r":[ \t]+(null|~)[ \t]*(#.*)?$", re.MULTILINE)
 
 
-def _dump(root: CommentedMap, indent: tuple[int, int, int]) -> str:
+def _comment_columns(node: Any, out: list[tuple[CommentToken, int]]) -> None:
+    """Every comment token under ``node`` with its column as parsed."""
+    if isinstance(node, (CommentedMap, CommentedSeq)):
+        for tokens in node.ca.items.values():
+            for t in tokens or ():
+                if isinstance(t, CommentToken):
+                    out.append((t, t.column))
+        children = node.values() if isinstance(node, CommentedMap) else node
+        for child in children:
+            _comment_columns(child, out)
+
+
+def _dump(root: CommentedMap, layout: Layout) -> str:
+    # ruamel moves an end-of-line comment's column when its line grows (and
+    # keeps the new column): put every column back, so a later edit that
+    # shortens the line again (an undrain after a drain) restores the file.
+    columns: list[tuple[CommentToken, int]] = []
+    _comment_columns(root, columns)
     out = io.StringIO()
-    _yaml(indent).dump(root, out)
+    try:
+        _yaml(layout).dump(root, out)
+    finally:
+        for token, column in columns:
+            token.column = column
     return out.getvalue()
 
 
-def _guess_indent(root: CommentedMap, text: str) -> tuple[int, int, int]:
-    """The block layout the file is written in: the first of the usual ones
-    that writes the unedited tree back byte for byte, else the one that
-    changes the fewest lines."""
+def _guess_layout(root: CommentedMap, text: str) -> Layout:
+    """The layout the file is written in: the first of the usual ones that
+    writes the unedited tree back byte for byte, else the one that changes the
+    fewest lines."""
+    nulls = _NULL.findall(text)
+    null = nulls[0][0] if nulls else ""
     lines = text.splitlines()
-    best, best_diff = _LAYOUTS[0], None
-    for layout in _LAYOUTS:
+    best, best_diff = Layout(null=null), None
+    for indent in _INDENTS:
+        layout = Layout(*indent, null=null)
         dumped = _dump(root, layout)
         if dumped == text:
             return layout
@@ -74,54 +133,106 @@ def _guess_indent(root: CommentedMap, text: str) -> tuple[int, int, int]:
     return best
 
 
+def _commented(value: Any) -> Any:
+    """A request's value as round-trip nodes (lists and mappings of the body
+    become CommentedSeq/CommentedMap, so later edits find the types they expect)."""
+    if isinstance(value, dict):
+        return CommentedMap((k, _commented(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return CommentedSeq(_commented(v) for v in value)
+    return value
+
+
 def _plain(fields: dict[str, Any], what: str) -> dict[str, Any]:
     """A request's fields, checked to be a mapping of names to plain values."""
     if not isinstance(fields, dict):
         raise EditError("invalid", f"{what}: the body must be an object of fields")
     if "name" in fields:
         raise EditError("invalid", f"{what}: the name is the path's, not a field of the body")
-    return copy.deepcopy(fields)
+    return {str(k): _commented(copy.deepcopy(v)) for k, v in fields.items()}
 
 
-def _gap_token(seq: CommentedSeq, idx: int) -> CommentToken | None:
-    """The comment token that ends item ``idx`` of ``seq``: ruamel keeps the
-    blank lines after an item in it (a flow item's end-of-line comment, or a
-    block mapping's last value's)."""
-    item = seq[idx]
-    if isinstance(item, CommentedMap) and not item.fa.flow_style() and item:
-        tokens = item.ca.items.get(list(item)[-1])
-        slot = 2
-    else:
-        tokens = seq.ca.items.get(idx)
-        slot = 0
+# --- the blank lines after a block -------------------------------------------------
+#
+# ruamel keeps the blank lines that follow a block (a list, a mapping) in the
+# comment token of the block's *last* scalar: a flow item's end-of-line comment
+# (slot 0 of the sequence's entry), or a mapping value's (slot 2). Appending
+# after that item, or deleting it, would leave the gap inside the block or take
+# it away: the gap is moved to the new last item instead.
+
+
+def _last_slot(node: Any) -> tuple[dict[Any, Any], Any, int] | None:
+    """(ca.items, key, slot) where the comment ending ``node``'s last line lives."""
+    if isinstance(node, CommentedMap) and len(node):
+        key = list(node)[-1]
+        value = node[key]
+        if isinstance(value, (CommentedMap, CommentedSeq)) and not len(value):
+            return None  # ruamel keeps what follows an empty [] before the next key
+        if isinstance(value, (CommentedMap, CommentedSeq)) and not value.fa.flow_style():
+            return _last_slot(value)
+        return node.ca.items, key, 2
+    if isinstance(node, CommentedSeq) and len(node):
+        idx = len(node) - 1
+        item = node[idx]
+        if isinstance(item, (CommentedMap, CommentedSeq)) and len(item) \
+                and not item.fa.flow_style():
+            return _last_slot(item)
+        return node.ca.items, idx, 0
+    return None
+
+
+def _take_gap(node: Any) -> str:
+    """Remove and return the blank lines after ``node``'s last line ("" if none)."""
+    where = _last_slot(node)
+    if where is None:
+        return ""
+    items, key, slot = where
+    tokens = items.get(key)
     token = tokens[slot] if tokens and len(tokens) > slot else None
-    return token if isinstance(getattr(token, "value", None), str) else None
+    value = getattr(token, "value", None)
+    if not isinstance(value, str):
+        return ""
+    text = value.rstrip("\n")
+    gap = value[len(text):]
+    if len(gap) < 2 and text:
+        return ""  # a comment ends the line; no blank line follows
+    if not text:  # the token was only the line end and the blank lines
+        gap = value[1:] if value.startswith("\n") else value
+        if not gap:
+            return ""
+        token.value = "\n"
+        return gap
+    token.value = text + "\n"
+    return gap[1:]
 
 
-def _move_gap(seq: CommentedSeq, src: int, dst: int) -> None:
-    """Move the blank lines that end item ``src`` to the end of item ``dst``
-    (an item appended after the last one, or the new last after a deletion), so
-    a list stays one block and the gap after it stays where it was."""
-    token = _gap_token(seq, src)
-    if token is None:
-        return
-    text = token.value.rstrip("\n")
-    gap = token.value[len(text):]
-    if len(gap) < 2:
-        return  # no blank line after the item
-    token.value = text + "\n" if text.strip() else "\n"
-    item = seq[dst]
-    if isinstance(item, CommentedMap) and not item.fa.flow_style() and item:
-        last_key = list(item)[-1]
-        tokens = item.ca.items.setdefault(last_key, [None, None, None, None])
-        old = tokens[2]
-        tokens[2] = CommentToken((old.value.rstrip("\n") if old else "") + gap,
-                                 token.start_mark, None)
+def _give_gap(node: Any, gap: str) -> bool:
+    """Put ``gap`` (blank lines) after ``node``'s last line; False when
+    ``node`` has no place for it (it is empty, or ends with an empty list)."""
+    if not gap:
+        return True
+    where = _last_slot(node)
+    if where is None:
+        return False
+    items, key, slot = where
+    tokens = items.setdefault(key, [None, None, None, None])
+    while len(tokens) <= slot:
+        tokens.append(None)
+    old = tokens[slot]
+    if isinstance(getattr(old, "value", None), str):
+        old.value = old.value.rstrip("\n") + "\n" + gap if old.value.strip() else \
+            "\n" + gap
     else:
-        tokens = seq.ca.items.setdefault(dst, [None, None, None, None])
-        old = tokens[0]
-        tokens[0] = CommentToken((old.value.rstrip("\n") if old else "") + gap,
-                                 token.start_mark, None)
+        tokens[slot] = CommentToken("\n" + gap, CommentMark(0), None)
+    return True
+
+
+def _gap_before(mapping: CommentedMap, key: str, gap: str) -> None:
+    """Blank lines before ``key`` of ``mapping`` (a pre-comment of the key: where
+    ruamel keeps what follows a block that ends with an empty list)."""
+    tokens = mapping.ca.items.setdefault(key, [None, None, None, None])
+    before = tokens[1] if isinstance(tokens[1], list) else []
+    tokens[1] = [CommentToken(gap, CommentMark(0), None), *before]
 
 
 def _append(seq: CommentedSeq, fields: list[tuple[str, Any]]) -> None:
@@ -130,45 +241,61 @@ def _append(seq: CommentedSeq, fields: list[tuple[str, Any]]) -> None:
     item = CommentedMap(fields)
     if len(seq) and isinstance(seq[-1], CommentedMap) and seq[-1].fa.flow_style():
         item.fa.set_flow_style()
+    gap = _take_gap(seq)
     seq.append(item)
-    if len(seq) > 1:
-        _move_gap(seq, len(seq) - 2, len(seq) - 1)
+    _give_gap(seq, gap)
 
 
-def _delete(seq: CommentedSeq, idx: int) -> None:
-    """Delete item ``idx``; a last item's trailing blank lines go to the new last."""
-    if idx == len(seq) - 1 and idx > 0:
-        _move_gap(seq, idx, idx - 1)
+def _delete(seq: CommentedSeq, idx: int) -> str:
+    """Delete item ``idx`` (ruamel moves the later items' comments up); a last
+    item's trailing blank lines go to the new last. Returns the blank lines
+    that found no place (the list is left empty): the caller places them."""
+    gap = _take_gap(seq) if idx == len(seq) - 1 else ""
     del seq[idx]
-    seq.ca.items.pop(idx, None)
-    # Comments of the items after it move up with them.
-    for j in sorted(k for k in seq.ca.items if isinstance(k, int) and k > idx):
-        seq.ca.items[j - 1] = seq.ca.items.pop(j)
+    return "" if _give_gap(seq, gap) else gap
+
+
+def _put_key(mapping: CommentedMap, key: str, value: Any) -> str:
+    """Add ``key`` at the end of ``mapping``, taking over the blank lines after
+    its last entry. Returns the blank lines that found no place."""
+    gap = _take_gap(mapping)
+    mapping[key] = value
+    return "" if _give_gap(mapping, gap) else gap
+
+
+def _delete_key(mapping: CommentedMap, key: str) -> str:
+    """Delete ``key``; its trailing blank lines, when it was the last, go to the
+    new last entry. Returns the blank lines that found no place."""
+    last = list(mapping)[-1] == key
+    gap = _take_gap(mapping) if last else ""
+    del mapping[key]
+    mapping.ca.items.pop(key, None)
+    return "" if _give_gap(mapping, gap) else gap
 
 
 class ConfigDocument:
     """The YAML file's tree; edits keep everything they do not touch."""
 
     def __init__(self, root: CommentedMap, source: str,
-                 indent: tuple[int, int, int] = (2, 2, 0)) -> None:
+                 layout: Layout | None = None) -> None:
         self.root = root
         self.source = source
-        self.indent = indent
+        self.layout = layout or Layout()
 
     @classmethod
     def parse(cls, text: str, source: str = "<config>") -> ConfigDocument:
         try:
-            root = _yaml().load(text)
+            root = _yaml(Layout()).load(text)
         except YAMLError as err:
             raise EditError("invalid", f"{source}: not YAML: {err}") from err
         if root is None:
             root = CommentedMap()
         if not isinstance(root, CommentedMap):
             raise EditError("invalid", f"{source}: the configuration is not a mapping")
-        return cls(root, source, _guess_indent(root, text))
+        return cls(root, source, _guess_layout(root, text))
 
     def text(self) -> str:
-        return _dump(self.root, self.indent)
+        return _dump(self.root, self.layout)
 
     # --- lookups -------------------------------------------------------------
 
@@ -219,6 +346,16 @@ class ConfigDocument:
                     return str(pool_name)
         return None
 
+    def _place_gap(self, section: str, gap: str) -> None:
+        """Blank lines left over by an edit of ``section``: before the next
+        top-level key (or at the end of the section when it is the last)."""
+        if not gap:
+            return
+        keys = list(self.root)
+        following = keys[keys.index(section) + 1:] if section in keys else []
+        if following:
+            _gap_before(self.root, following[0], gap)
+
     # --- edits ---------------------------------------------------------------
 
     def _atomic(self, edit: Callable[[], None]) -> None:
@@ -255,7 +392,7 @@ class ConfigDocument:
         i = self._vip_index(name)
         if i is None:
             raise EditError("not_found", f"no VIP {name!r}")
-        _delete(self._vips(), i)
+        self._place_gap("vips", _delete(self._vips(), i))
 
     def put_pool(self, name: str, fields: dict[str, Any]) -> None:
         body = _plain(fields, f"pool {name!r}")
@@ -264,8 +401,8 @@ class ConfigDocument:
             pools = self._pools()
             pool = pools.get(name)
             if pool is None:
-                body.setdefault("backends", [])
-                pools[name] = CommentedMap(body.items())
+                body.setdefault("backends", CommentedSeq())
+                self._place_gap("pools", _put_key(pools, name, CommentedMap(body.items())))
             else:
                 if not isinstance(pool, CommentedMap):
                     raise EditError("invalid", f"pools.{name} is not a mapping")
@@ -282,7 +419,7 @@ class ConfigDocument:
         if users:
             raise EditError("conflict", f"pool {name!r} is used by VIP(s) {', '.join(users)}: "
                             "delete or move them first")
-        del self._pools()[name]
+        self._place_gap("pools", _delete_key(self._pools(), name))
 
     def put_backend(self, pool_name: str, name: str, fields: dict[str, Any]) -> None:
         body = _plain(fields, f"backend {name!r}")
@@ -304,7 +441,9 @@ class ConfigDocument:
         backends = self._backends(pool_name)
         for i, b in enumerate(backends):
             if isinstance(b, dict) and b.get("name") == name:
-                _delete(backends, i)
+                gap = _delete(backends, i)
+                if gap and not _give_gap(self._pool(pool_name), gap):
+                    self._place_gap("pools", gap)
                 return
         raise EditError("not_found", f"no backend {name!r} in pool {pool_name!r}")
 
