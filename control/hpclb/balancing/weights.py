@@ -54,7 +54,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hpclb.config.weights import ONE, WeightPolicy
 
@@ -351,3 +353,62 @@ class WeightTracker:
 
     def nodes(self) -> list[str]:
         return sorted(self._nodes)
+
+    # -- checkpoint (hpclb.controller.statefile) --
+
+    def policy_state(self) -> dict[str, Any]:
+        """The policy as JSON: a tracker's state means something only under it."""
+        return self.policy.model_dump(mode="json")
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything the weights continue from, as JSON-able data (integers:
+        restored bit for bit). The counters are not kept: they count samples
+        this process took."""
+        return {"policy": self.policy_state(),
+                "nodes": {name: {"up": n.up, "last_time_us": n.last_time_us,
+                                 "reseed": n.reseed, "smoothed": n.smoothed, "goal": n.goal,
+                                 "anchor": n.anchor, "anchor_us": n.anchor_us}
+                          for name, n in sorted(self._nodes.items())}}
+
+    def from_state(self, state: object, where: str = "tracker",
+                   keep: Callable[[str], bool] = lambda name: True) -> None:
+        """Replace the nodes' state with ``state`` (``to_state``'s, under this
+        tracker's policy), for the nodes ``keep`` accepts. Checked whole first:
+        ValueError naming the bad field, and nothing changed."""
+        if not isinstance(state, Mapping) or not isinstance(state.get("nodes"), Mapping):
+            raise ValueError(f"{where}: expected a mapping with nodes")
+        if state.get("policy") != self.policy_state():
+            raise ValueError(f"{where}.policy: not this pool's policy")
+        grid = self.policy.grid
+        restored: dict[str, _Node] = {}
+        for name, raw in state["nodes"].items():
+            at = f"{where}.nodes.{name}"
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{at}: expected a mapping")
+            for key in ("up", "reseed"):
+                if not isinstance(raw.get(key), bool):
+                    raise ValueError(f"{at}.{key}: expected true or false")
+            node = _Node(up=raw["up"], reseed=raw["reseed"],
+                         last_time_us=_int_or_none(raw, "last_time_us", at),
+                         smoothed=_int_or_none(raw, "smoothed", at, 0, ONE),
+                         goal=_int(raw, "goal", at, 0, grid),
+                         anchor=_int(raw, "anchor", at, 0, grid),
+                         anchor_us=_int(raw, "anchor_us", at))
+            if keep(str(name)):
+                restored[str(name)] = node
+        self._nodes = restored
+
+
+def _int(raw: Mapping[str, object], key: str, where: str,
+         lo: int | None = None, hi: int | None = None) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) \
+            or (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = "" if lo is None else f" in {lo}..{hi}"
+        raise ValueError(f"{where}.{key}: expected an integer{bounds}, got {value!r}")
+    return value
+
+
+def _int_or_none(raw: Mapping[str, object], key: str, where: str,
+                 lo: int | None = None, hi: int | None = None) -> int | None:
+    return None if raw.get(key) is None else _int(raw, key, where, lo, hi)

@@ -49,18 +49,21 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from hpclb.balancing.weights import (
     GpuSample,
     NodeSample,
     WeightTracker,
+    check_sample,
     score,
     slow_start_steps,
     to_us,
 )
 from hpclb.config import AdminState, BackendConfig, HpclbConfig, PoolConfig, WeightsMode
+from hpclb.config.weights import WeightPolicy
 from hpclb.contract.tables import BackendState
 from hpclb.health.backend import BackendHealth, Change
 from hpclb.telemetry.message import TelemetryMessage
@@ -69,6 +72,10 @@ log = logging.getLogger(__name__)
 
 #: Health changes kept for the status (flapping shows there).
 TRANSITIONS_KEPT = 256
+#: After a restore, how long an agent heard before the restart has to be heard
+#: again (at least its missed intervals): it reconnects to a receiver that just
+#: started, which can take a few seconds (lab: 3 s at a 0.5 s interval).
+HEARD_AGAIN_GRACE_S = 30.0
 
 # The operator's word, as the data plane spells it (rule 3).
 _ADMIN_STATE = {
@@ -300,3 +307,128 @@ class BackendDecider:
             "score": score(sample, policy), "time": sample.time, "received": received,
             "age_s": max(now - received, 0.0),
         }
+
+    # --- checkpoint (hpclb.controller.statefile) ---------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Health, each dynamic pool's tracker, pins, the last samples and the
+        transitions, as JSON-able data (``from_state`` takes it back)."""
+        return {
+            "health": self.health.to_state(),
+            "trackers": {p: t.to_state() for p, t in sorted(self.trackers.items())},
+            "pins": {n: {"weight": w, "until": u} for n, (w, u) in sorted(self.pins.items())},
+            "samples": {n: {"sample": asdict(s), "received": r}
+                        for n, (s, r) in sorted(self.samples.items())},
+            "transitions": [asdict(c) for c in self.transitions],
+        }
+
+    def from_state(self, state: object, mono: float, now: float) -> list[str]:
+        """Continue from ``state`` (``to_state``'s) under the configuration in
+        force: backends no longer configured, pools no longer dynamic or whose
+        policy changed, and expired pins are left out (each named in the notes
+        returned). Checked whole before anything is replaced: ValueError naming
+        the bad field, and the decider stays as it was."""
+        if not isinstance(state, Mapping):
+            raise ValueError("decider: expected a mapping")
+        present = {b.name: name for name, p in self.config.pools.items() for b in p.backends}
+        notes: list[str] = []
+        health = BackendHealth(self.health.missed)
+        health.from_state(state.get("health", {}), mono, present.__contains__,
+                          HEARD_AGAIN_GRACE_S)
+        trackers = {name: WeightTracker(t.policy) for name, t in self.trackers.items()}
+        raw_trackers = _mapping(state, "trackers")
+        for pool, raw in raw_trackers.items():
+            tracker = trackers.get(pool)
+            if tracker is None:
+                notes.append(f"pool {pool} is no longer dynamic: its weight state is dropped")
+            elif isinstance(raw, Mapping) and raw.get("policy") != tracker.policy_state():
+                notes.append(f"pool {pool}'s policy changed: its weights start afresh")
+            else:
+                tracker.from_state(raw, f"trackers.{pool}",
+                                   lambda n, pool=pool: present.get(n) == pool)
+        pins = {str(n): _pin(raw, f"pins.{n}") for n, raw in _mapping(state, "pins").items()}
+        samples = {str(n): _sample(raw, f"samples.{n}")
+                   for n, raw in _mapping(state, "samples").items()}
+        changes = _transitions(state.get("transitions", []))
+        gone = sorted({*_mapping(state, "health"), *pins, *samples} - present.keys())
+        if gone:
+            notes.append(f"backends no longer configured: {', '.join(gone)}")
+        expired = sorted(n for n, (_, until) in pins.items() if until <= now)
+        if expired:
+            notes.append(f"weight pins expired meanwhile: {', '.join(expired)}")
+        # Everything checked: only now is anything replaced.
+        self.health, self.trackers = health, trackers
+        self.pins = {n: p for n, p in pins.items() if n in present and p[1] > now}
+        self.samples = {n: s for n, s in samples.items() if present.get(n) in trackers}
+        self.transitions = deque(changes, maxlen=TRANSITIONS_KEPT)
+        return notes
+
+
+def _mapping(state: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = state.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: expected a mapping")
+    return value
+
+
+def _number(raw: Mapping[str, Any], key: str, where: str, optional: bool = False) -> float:
+    value = raw.get(key)
+    if optional and value is None:
+        return math.nan  # the caller maps it back to None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value):
+        raise ValueError(f"{where}.{key}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _pin(raw: object, where: str) -> tuple[float, float]:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping")
+    weight = _number(raw, "weight", where)
+    if weight < 0:
+        raise ValueError(f"{where}.weight: expected a number >= 0")
+    return weight, _number(raw, "until", where)
+
+
+def _sample(raw: object, where: str) -> tuple[NodeSample, float]:
+    """A checkpointed sample, valid as the tracker took it (so the status can
+    score it: a zero total would divide by zero)."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("sample"), Mapping):
+        raise ValueError(f"{where}: expected a mapping with a sample")
+    s, at = raw["sample"], f"{where}.sample"
+    gpus_raw = s.get("gpus", [])
+    if not isinstance(gpus_raw, list) or not all(isinstance(g, Mapping) for g in gpus_raw):
+        raise ValueError(f"{at}.gpus: expected a list of mappings")
+    gpus = []
+    for i, g in enumerate(gpus_raw):
+        numa = g.get("numa_node")
+        if numa is not None and (not isinstance(numa, int) or isinstance(numa, bool)):
+            raise ValueError(f"{at}.gpus.{i}.numa_node: expected an integer or null")
+        gpus.append(GpuSample(_number(g, "mem_used", f"{at}.gpus.{i}"),
+                              _number(g, "mem_total", f"{at}.gpus.{i}"),
+                              _number(g, "util", f"{at}.gpus.{i}"), numa))
+    rtt = _number(s, "rtt_ms", at, optional=True)
+    if not isinstance(s.get("node"), str):
+        raise ValueError(f"{at}.node: expected a string")
+    sample = NodeSample(node=s["node"], time=_number(s, "time", at),
+                        cpu_load=_number(s, "cpu_load", at), mem_used=_number(s, "mem_used", at),
+                        mem_total=_number(s, "mem_total", at),
+                        rtt_ms=None if math.isnan(rtt) else rtt, gpus=tuple(gpus))
+    # Its own time as "now": only the values are judged, not their age.
+    reason = check_sample(sample, sample.time, WeightPolicy())
+    if reason is not None:
+        raise ValueError(f"{at}: not a valid sample ({reason})")
+    return sample, _number(raw, "received", where)
+
+
+def _transitions(raw: object) -> list[Change]:
+    if not isinstance(raw, list):
+        raise ValueError("transitions: expected a list")
+    out = []
+    for i, c in enumerate(raw[-TRANSITIONS_KEPT:]):
+        where = f"transitions.{i}"
+        if not isinstance(c, Mapping) or not isinstance(c.get("backend"), str) \
+                or not isinstance(c.get("up"), bool) or not isinstance(c.get("reason"), str):
+            raise ValueError(f"{where}: expected backend, up, reason and time")
+        out.append(Change(c["backend"], c["up"], c["reason"], _number(c, "time", where)))
+    return out

@@ -78,11 +78,13 @@ from hpclb.controller.ids import Checkpoint
 from hpclb.controller.monitors import MonitorPlan, Monitors
 from hpclb.controller.operations import Edit, Operations, revision_of
 from hpclb.controller.preflight import check_host
+from hpclb.controller.statefile import Snapshot, StateKeeper
 from hpclb.dataplane.client import snat_order
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
 from hpclb.dataplane.supervisor import DataplaneProcess
 from hpclb.host.neighbours import NeighbourError, resolve_mac
+from hpclb.host.procinfo import rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -233,18 +235,6 @@ def write_file_atomically(path: Path, text: str) -> None:
         os.close(dirfd)
 
 
-def rss_bytes(pid: int | str) -> int | None:
-    """A process's resident memory (VmRSS), or None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 class StartError(Exception):
     """The appliance cannot start with its configuration (the message says why)."""
 
@@ -305,6 +295,9 @@ class Controller:
         self.keep_dataplane = keep_dataplane
         self.faces = tuple(faces)
         self.checkpoint = Checkpoint.load(self.paths.state_dir / "ids.json", MAX_BACKENDS, MAX_VIPS)
+        # The state checkpoint (health, weights, pins, what was pushed): restored
+        # in start(), written by step() (hpclb.controller.statefile).
+        self.state = StateKeeper(self.paths.state_dir)
         self.current: TableSet | None = None
         # (address, routed) -> MAC: a routed lookup may give a next hop's MAC,
         # which a DSR backend of the same address must never get.
@@ -533,6 +526,11 @@ class Controller:
     def start(self) -> None:
         """Acquire everything, then adopt (or start) the data plane and push.
         StartError/ConfigError before anything was adopted or started."""
+        # The state checkpoint first: the first tables are then those pushed
+        # before a restart, and the adopted data plane gets nothing again.
+        restored = self.state.restore(self.decider, self.config, self.revision,
+                                      time.monotonic(), time.time())
+        self.macs.update(restored.macs)
         try:
             prepared = self._prepare(self.config, self.decider)
         except (ConfigError, StartError):
@@ -556,6 +554,7 @@ class Controller:
         self.current = None  # read back what it holds, adopted or fresh
         self._commit(prepared)
         self._started = True
+        self.state.started(self._state_snapshot(), restored, time.monotonic(), time.time())
         self._last_turn = time.monotonic()  # a long start-up is not a stalled loop
 
     def _check_nat_support(self, hello: dict[str, Any], adopted: bool) -> None:
@@ -673,6 +672,9 @@ class Controller:
                 self._weights_due = True
         now = time.monotonic()
         urgent |= bool(self.decider.expire(now, time.time(), self._heard_since(now)))
+        # Backends restored as failing their probe: up once the probes say so.
+        urgent |= bool(self.state.reconcile_probes(self.decider, self.monitors.probe_verdicts(),
+                                                   self.config, time.time()))
         # Ramps (rate limit, slow start) move weights between events too.
         self._weights_due |= self.decider.ramps()
         interval_over = time.monotonic() - self._last_push >= PUSH_INTERVAL_S
@@ -702,7 +704,7 @@ class Controller:
 
     def alarms(self, now: float) -> list[dict[str, Any]]:
         """Local faults in force: the monitors' and this loop's."""
-        out = self.monitors.alarms()
+        out = self.monitors.alarms() + self.state.alarms(now)
         if self._stalled is not None and now - self._stalled[0] < ALARM_HOLD_S:
             out.append({"source": "loop",
                         "message": f"control loop stalled {self._stalled[1]:.1f}s "
@@ -738,7 +740,9 @@ class Controller:
                   "memory": {"control_rss_bytes": rss_bytes("self"),
                              "dataplane_rss_bytes": (None if self.dataplane.pid is None
                                                      else rss_bytes(self.dataplane.pid))},
-                  "dataplane_info": self._dataplane_info()}
+                  "vip_pools": {v.name: v.pool for v in self.config.vips},
+                  "dataplane_info": self._dataplane_info(),
+                  "checkpoint": self.state.status()}
         try:
             status["dataplane_stats"] = self.dataplane.client.stats()
         except Exception as err:  # a missing figure, not a reason to stop
@@ -748,6 +752,15 @@ class Controller:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(status, indent=1, default=str))
         tmp.replace(path)
+
+    def _state_snapshot(self) -> Snapshot:
+        """What the state checkpoint keeps, as in force now (rings: as pushed)."""
+        vip_ids = self.checkpoint.vips.ids
+        rings = ({} if self.current is None else
+                 {name: (vid, self.current.rings[vid]) for name, vid in vip_ids.items()
+                  if vid in self.current.rings})
+        return Snapshot(self.config.appliance.name, self.revision, self.config_text,
+                        self.decider, self._pushed_decisions, rings, self.macs)
 
     def _dataplane_info(self) -> dict[str, Any]:
         app = self.config.appliance
@@ -778,6 +791,9 @@ class Controller:
             self.reload()
         self.operations.run_pending()
         self._handle_events()
+        if self._started:  # the state checkpoint: on a change (coalesced) or its interval
+            self.state.tick(self._state_snapshot(), time.monotonic(), time.time(),
+                            self.config.appliance.checkpoint_interval_s)
         if now - self._last_status >= STATUS_INTERVAL_S:
             self._last_status = now
             self.write_status()
@@ -803,6 +819,8 @@ class Controller:
         to keep it, or unless this process adopted it and never finished its
         start (a failed start must not take down traffic it did not carry)."""
         self.monitors.stop()
+        if self._started:  # the freshest state for the next start
+            self.state.write(self._state_snapshot(), time.monotonic(), time.time())
         for face in self.faces:
             face.close()
         if not self._touched_dataplane:

@@ -26,7 +26,9 @@ passed in.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +118,62 @@ class BackendHealth:
         return {name: {"up": b.up, "probe_up": b.probe_up, "beats_missed": b.beats_missed,
                        "beats_unknown": b.beats_unknown}
                 for name, b in sorted(self._b.items())}
+
+    # --- checkpoint (hpclb.controller.statefile) -------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """The verdicts as JSON-able data. A heartbeat's monotonic time means
+        nothing to another process: only whether the agent was heard is kept."""
+        return {name: {"probe_up": b.probe_up, "beats_missed": b.beats_missed, "up": b.up,
+                       "up_since": b.up_since, "beat_interval": b.beat_interval,
+                       "heard": b.beat_at is not None}
+                for name, b in sorted(self._b.items())}
+
+    def from_state(self, state: object, mono: float,
+                   keep: Callable[[str], bool] = lambda name: True,
+                   grace_s: float = 0.0) -> None:
+        """Replace the verdicts with ``state`` (``to_state``'s), for the backends
+        ``keep`` accepts. Checked whole first: ValueError naming the bad field,
+        and nothing changed. An agent heard before must be heard again within
+        ``grace_s`` or its ``missed`` intervals, whichever is longer, from
+        ``mono`` (now), or it goes down: a restart is the appliance's own doing,
+        and its agents need a moment to reconnect to a new receiver."""
+        if not isinstance(state, Mapping):
+            raise ValueError("health: expected a mapping of backends")
+        restored: dict[str, _Backend] = {}
+        for name, raw in state.items():
+            where = f"health.{name}"
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{where}: expected a mapping")
+            probe_up = _flag(raw, "probe_up", where)
+            missed = _flag(raw, "beats_missed", where)
+            up = _flag(raw, "up", where)
+            if up != (probe_up and not missed):
+                raise ValueError(f"{where}.up: {up} contradicts probe_up={probe_up}, "
+                                 f"beats_missed={missed}")
+            up_since = raw.get("up_since")
+            if up_since is not None and not _finite(up_since):
+                raise ValueError(f"{where}.up_since: expected a finite number or null")
+            interval = raw.get("beat_interval")
+            if not _finite(interval) or interval < 0:
+                raise ValueError(f"{where}.beat_interval: expected a finite number >= 0")
+            heard = _flag(raw, "heard", where)
+            # As if last heard so late that the full limit ends at mono + grace.
+            beat_at = mono + max(grace_s - self.missed * float(interval), 0.0)
+            if keep(str(name)):
+                restored[str(name)] = _Backend(
+                    probe_up=probe_up, beat_at=beat_at if heard else None,
+                    beat_interval=float(interval), beats_missed=missed, up=up,
+                    up_since=None if up_since is None else float(up_since))
+        self._b = restored
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _flag(raw: Mapping[str, object], key: str, where: str) -> bool:
+    value = raw.get(key)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
