@@ -218,6 +218,25 @@ def test_stats_are_tables_with_the_connection_table_when_reported() -> None:
     assert build_parser().parse_args(["stats", "--json"]).json is True
 
 
+def test_stats_and_status_ask_the_api_unless_given_their_local_options(tmp_path: Path) -> None:
+    """`stats --socket S` asks the data plane and `status -c CONFIG` reads the
+    status file, as before; without those options both go over the REST API
+    (there was a default socket: `hpclb stats` alone now asks the API)."""
+    from hpclb.faces.cli import build_parser
+
+    assert build_parser().parse_args(["stats"]).socket is None
+    assert build_parser().parse_args(["status"]).config is None
+    nowhere = "http://127.0.0.1:9"  # discard: nothing answers
+    for argv in (["stats"], ["status"]):
+        res = hpclb(*argv, "--api", nowhere)
+        assert res.returncode == 3 and f"cannot reach the API at {nowhere}" in res.stderr
+    res = hpclb("status", "-c", str(EXAMPLES / "lab.yaml"), "--run-dir", str(tmp_path),
+                "--api", nowhere)
+    assert res.returncode == 1 and "no status" in res.stderr, "-c: the file, not the API"
+    res = hpclb("stats", "--socket", "ipc:///nowhere", "--watch")
+    assert res.returncode == 2 and "--watch" in res.stderr
+
+
 CA_CONFIG = """\
 appliance:
   name: t

@@ -134,6 +134,9 @@ class BackendDecider:
         # (wall clock): the inputs of its weight, for the status and the API.
         self.samples: dict[str, tuple[NodeSample, float]] = {}
         self.transitions: deque[Change] = deque(maxlen=TRANSITIONS_KEPT)
+        # The last accepted message itself (the API shows it whole); not kept in
+        # the state checkpoint: the next heartbeat brings a fresher one.
+        self.messages: dict[str, tuple[TelemetryMessage, float]] = {}
         self.config = config
         self.reconfigure(config)
 
@@ -156,7 +159,7 @@ class BackendDecider:
         for name in list(self.health.snapshot()):
             if name not in present:
                 self.health.forget(name)
-        for table in (self.pins, self.samples):
+        for table in (self.pins, self.samples, self.messages):
             for name in [n for n in table if n not in present]:
                 del table[name]
         self.unresolved &= present
@@ -193,6 +196,7 @@ class BackendDecider:
         accepted = tracker.observe(sample, now=wall)
         if accepted:
             self.samples[msg.node] = (sample, wall)
+            self.messages[msg.node] = (msg, wall)
         return accepted, change
 
     def pin(self, name: str, weight: float | None, until: float) -> None:
@@ -289,6 +293,9 @@ class BackendDecider:
                      for name, (w, until) in sorted(self.pins.items())},
             "inputs": {name: self._inputs(sample, received, now)
                        for name, (sample, received) in sorted(self.samples.items())},
+            "telemetry_latest": {name: msg.model_dump(mode="json")
+                                 | {"received": received, "age_s": max(now - received, 0.0)}
+                                 for name, (msg, received) in sorted(self.messages.items())},
             "transitions": [{"backend": c.backend, "up": c.up, "reason": c.reason,
                              "time": c.time} for c in self.transitions],
             "samples_accepted": {p: t.accepted for p, t in self.trackers.items()},

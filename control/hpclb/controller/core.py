@@ -643,7 +643,15 @@ class Controller:
         if self.dpdk_host is not None:
             self.dpdk_host.sync_vips(self.config)
         log.info("configuration changed through the API: revision %s", self.revision)
+        self._after_change()
         return self.revision
+
+    def _after_change(self) -> None:
+        """After an acknowledged change: the state checkpoint and the status at
+        once, so a restart right after the answer finds the change there and the
+        answer (built from the status) shows it."""
+        self.state.write(self._state_snapshot(), time.monotonic(), time.time())
+        self.write_status()
 
     def pin(self, backend: str, weight: float | None, duration_s: float) -> None:
         """Pin (or, with ``weight`` None, unpin) a backend's ring weight; pushed now."""
@@ -653,6 +661,7 @@ class Controller:
         log.info("backend %s: %s", backend, "unpinned" if weight is None else
                  f"weight pinned at {weight:g} for {duration_s:g} s")
         self._push(self.tables_for(self.config, resolve=False))
+        self._after_change()
 
     # --- events --------------------------------------------------------------
 

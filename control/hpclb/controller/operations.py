@@ -21,6 +21,7 @@ import logging
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,8 +35,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ConfigDocument", "EditError", "Operations", "revision_of"]
 
-#: Jobs handled per loop turn at most, so a flood of writes cannot starve probes.
-MAX_JOBS_PER_TURN = 64
+#: Jobs handled per loop turn at most, and the time a turn spends on them at
+#: most (a write prepares and pushes whole tables: tens of ms at 1,000
+#: backends), so a burst of writes never stalls probes, telemetry and pushes.
+MAX_JOBS_PER_TURN = 16
+MAX_JOB_TIME_PER_TURN_S = 0.5
 #: The longest a pin may last (a day): a forgotten pin must end by itself.
 MAX_PIN_S = 86400.0
 
@@ -118,7 +122,11 @@ class Operations:
 
     def run_pending(self) -> None:
         """Run queued jobs (the loop thread only); a job's failure is its answer."""
+        deadline = time.monotonic() + MAX_JOB_TIME_PER_TURN_S
         for _ in range(MAX_JOBS_PER_TURN):
+            if time.monotonic() > deadline:
+                self._controller.wake.set()  # the rest next turn, after the loop's own work
+                return
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:

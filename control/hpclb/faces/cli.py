@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hpclb.config import ConfigError, load_config
+from hpclb.faces.commands import add_api_commands
 
 EXIT_START = 1
 EXIT_CONFIG = 2
 # The control plane is a server (telemetry connections, probe sockets): far
 # more files than the 1,024 a login shell or a bare unit gives it.
 WANT_NOFILE = 65536
+DATAPLANE_SOCKET = "ipc:///run/hpclb/dataplane.sock"
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ def _private_run_dir(path: Path) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from hpclb.controller import Controller, StartError
+    from hpclb.faces.api.server import ApiFace
     from hpclb.faces.metrics import MetricsFace
     from hpclb.host.install import MissingBuildOutput
 
@@ -80,12 +83,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if soft < WANT_NOFILE:
         log.warning("open files limited to %d (hard limit %d): set LimitNOFILE=%d",
                     soft, hard, WANT_NOFILE)
+    api = ApiFace()
     try:
         controller = Controller(args.config, args.state_dir, args.run_dir,
-                                args.keep_dataplane, faces=[MetricsFace()])
+                                args.keep_dataplane, faces=[MetricsFace(), api])
     except MissingBuildOutput as err:  # the data plane's binary, before anything started
         print(f"hpclb run: cannot start: {err}", file=sys.stderr)
         return EXIT_START
+    api.attach(controller.operations)
     _private_run_dir(controller.paths.run_dir)
     def request(event: threading.Event) -> None:
         event.set()
@@ -179,6 +184,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_or_api(local: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser,
+                  option: str) -> Callable[[argparse.Namespace], int]:
+    """The local form of a command when ``option`` is given, else its API form."""
+    over_api: Callable[[argparse.Namespace], int] = parser.get_default("func")
+
+    def either(args: argparse.Namespace) -> int:
+        if getattr(args, option) is None:
+            return over_api(args)
+        if getattr(args, "watch", False):
+            print("hpclb stats: --watch is over the API, not with --socket", file=sys.stderr)
+            return EXIT_CONFIG  # usage
+        return local(args)
+    return either
+
+
 #: Adds subcommands to the `hpclb` command (the lab's, from hpclb.main).
 AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -207,17 +227,26 @@ def build_parser(extra_commands: Sequence[AddCommands] = ()) -> argparse.Argumen
     )
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("stats", help="counters of a running data plane (and its NAT "
-                       "connection table)")
-    p.add_argument("--socket", default="ipc:///run/hpclb/dataplane.sock")
-    p.add_argument("--json", action="store_true", help="the data plane's reply as JSON")
-    p.set_defaults(func=_cmd_stats)
+    # The client commands over the REST API (hpclb.faces.commands). `stats`
+    # and `status` keep their local forms for the appliance itself: an explicit
+    # --socket asks the data plane directly, -c reads the status file; without
+    # them both ask the API.
+    api = add_api_commands(sub)
+    p = api["stats"]
+    p.add_argument("--socket", metavar="SOCKET",
+                   help="ask the data plane at this control socket directly (on the "
+                   f"appliance: {DATAPLANE_SOCKET}): its counters and NAT connection "
+                   "table; --json: its reply")
+    p.set_defaults(func=_local_or_api(_cmd_stats, p, "socket"))
 
-    p = sub.add_parser("status", help="health, decided weights, telemetry and probe counters of "
-                       "a running appliance (its status file, rewritten every second)")
-    p.add_argument("-c", "--config", type=Path, required=True)
-    p.add_argument("--run-dir", type=Path, help="as given to hpclb run (default /run/hpclb)")
-    p.set_defaults(func=_cmd_status)
+    p = api["status"]
+    p.add_argument("-c", "--config", type=Path,
+                   help="read the status file of the appliance run with this configuration "
+                   "(on the appliance: health, weights, telemetry and probe counters, "
+                   "rewritten every second) instead of asking the API")
+    p.add_argument("--run-dir", type=Path, help="with -c: as given to hpclb run "
+                   "(default /run/hpclb)")
+    p.set_defaults(func=_local_or_api(_cmd_status, p, "config"))
 
     for add in extra_commands:
         add(sub)

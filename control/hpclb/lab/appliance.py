@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -20,12 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from hpclb.config.loader import ConfigError, parse_config
 from hpclb.dataplane import exception_path
 from hpclb.dataplane.client import DataplaneClient
 from hpclb.dataplane.supervisor import stop_child, terminate_pid
+from hpclb.host.netns import inside
 from hpclb.lab.gateway import CLUSTER_ETH, GatewayLab
 from hpclb.lab.topology import Lab
 from hpclb.lab.tunnel import TunnelLab
@@ -40,6 +43,10 @@ LAB_TUNNEL_SOURCE = {4: "198.18.0.240/28", 6: "fd48:4c00::f0/124"}
 # Where the node agents publish: a port on the appliance's lab address, which
 # `hpclb run`'s telemetry receiver binds inside the appliance namespace.
 LAB_TELEMETRY_PORT = 5557
+# The REST API's port on the appliance's management address (api=True).
+LAB_API_PORT = 8443
+# LabAppliance.api's default token: the write token.
+WRITE_TOKEN = object()
 
 
 class LabApplianceError(RuntimeError):
@@ -104,7 +111,8 @@ class LabAppliance:
                  vip_overrides: Mapping[str, dict[str, Any]] | None = None,
                  vips: Sequence[str] = (LAB_VIP,),
                  backend_family: int = 4,
-                 tunnel: dict[str, Any] | None = None) -> None:
+                 tunnel: dict[str, Any] | None = None,
+                 api: bool = False) -> None:
         if mode not in ("dsr", "nat", "tunnel"):
             raise ValueError(f"lab appliance mode must be dsr, nat or tunnel, got {mode!r}")
         if (mode == "nat") != isinstance(lab, GatewayLab):
@@ -131,6 +139,11 @@ class LabAppliance:
         self.env = dict(env) if env is not None else None
         # Prometheus exporter, "host:port" or ":port" (the appliance's lab address)
         self.metrics = metrics
+        # The REST API (appliance.api) on the management address, with a read
+        # and a write token of its own in 0600 files of the workdir.
+        self.api_enabled = api
+        self.read_token = secrets.token_urlsafe(24)
+        self.write_token = secrets.token_urlsafe(24)
         self.weights_mode = weights_mode
         self.policy = policy
         self.probe = probe
@@ -227,6 +240,10 @@ class LabAppliance:
                 "hash_key": LAB_HASH_KEY,
                 "control_socket": self.socket,
                 **({"metrics": self.metrics} if self.metrics else {}),
+                **({"api": {"listen": f":{LAB_API_PORT}",
+                            "read_tokens_file": str(self.workdir / "api-read.tokens"),
+                            "write_tokens_file": str(self.workdir / "api-write.tokens")}}
+                   if self.api_enabled else {}),
                 "xdp": {"mode": self.xdp_mode},
                 # A lab on a small shared host: one worker, hugepages grown on
                 # demand, a modest flow table.
@@ -251,7 +268,37 @@ class LabAppliance:
         return None
 
     def _write_config(self) -> None:
+        if self.api_enabled:
+            for role, token in (("read", self.read_token), ("write", self.write_token)):
+                path = self.workdir / f"api-{role}.tokens"
+                path.touch(mode=0o600)
+                path.chmod(0o600)
+                path.write_text(f"{token}\n")
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+
+    # --- the REST API -------------------------------------------------------------
+
+    @property
+    def management_address(self) -> str:
+        return str(self.config()["appliance"]["management_address"])
+
+    @property
+    def api_url(self) -> str:
+        """The API's base URL: it exists only inside the appliance's namespace."""
+        return f"http://{self.management_address}:{LAB_API_PORT}"
+
+    def api(self, method: str, path: str, token: str | object | None = WRITE_TOKEN,
+            json: Any = None, headers: Mapping[str, str] | None = None,
+            timeout_s: float = 40.0, **kwargs: Any) -> httpx.Response:
+        """One request to the API, made from inside the appliance's namespace
+        (a fresh client: its sockets are created there). ``token``: the write
+        token unless given (None: no Authorization header)."""
+        tok = self.write_token if token is WRITE_TOKEN else token
+        all_headers = {**({"Authorization": f"Bearer {tok}"} if tok else {}),
+                       **(headers or {})}
+        with inside(self.lab.lb_ns), httpx.Client(base_url=self.api_url,
+                                                  timeout=timeout_s) as client:
+            return client.request(method, path, json=json, headers=all_headers, **kwargs)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -265,6 +312,15 @@ class LabAppliance:
 
     def start(self, timeout_s: float = 30.0) -> None:
         self._write_config()
+        before = self.pushes()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self._run_argv(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, env=self._run_env())
+        self.wait_pushes(before + 1, timeout_s)
+
+    def resume(self, timeout_s: float = 30.0) -> None:
+        """Start `hpclb run` again on the configuration file as it is (after
+        :meth:`kill`: what the API wrote there stays), and wait for its push."""
         before = self.pushes()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self._run_argv(), stdout=log, stderr=log,
