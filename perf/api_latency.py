@@ -22,6 +22,9 @@ inside that namespace.
   After each answer the benchmark reads the VIP's ring back from the data plane
   (its own client on the control socket) and counts the writes whose ring did
   not change (expected 0).
+* **pins**: PUT /api/v1/backends/{name}/pin, the same one-weight change as
+  runtime state (no file to rewrite; a pin is how an operator moves a weight
+  for a while): the answer again comes once the push is done.
 * also the file's size and the time ``ConfigDocument`` takes to parse and dump it
   (the round-trip YAML part of a write), measured apart.
 
@@ -181,12 +184,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 writes.append(dt)
                 if np.array_equal(before, ring_client.get_ring(vip_id)):
                     unchanged += 1
+            # The same change as a pin (runtime state: no file to rewrite).
+            pins: list[float] = []
+            pins_unchanged = 0
+            for _ in range(args.writes):
+                name = rng.choice(all_names)
+                new = rng.choice([w for w in (0.5, 1.5, 2.5, 3.5) if w != weights[name]])
+                before = ring_client.get_ring(vip_id)
+                dt, r = timed(lambda n=name, w=new: http.put(
+                    f"/api/v1/backends/{n}/pin", json={"weight": w, "duration_s": 3600}))
+                r.raise_for_status()
+                weights[name] = new
+                pins.append(dt)
+                if np.array_equal(before, ring_client.get_ring(vip_id)):
+                    pins_unchanged += 1
         ring_client.close()
         return {
             "reads": {k: stats(v) for k, v in reads.items()},
             "read_response_bytes": sizes,
             "write_weight_until_ring_held": stats(writes),
             "writes_whose_ring_did_not_change": unchanged,
+            "pin_weight_until_ring_held": stats(pins),
+            "pins_whose_ring_did_not_change": pins_unchanged,
             "config_file_bytes": len(doc_text.encode()),
             "config_document_parse": stats(parse_s),
             "config_document_dump": stats(dump_s),

@@ -291,6 +291,7 @@ class Controller:
         self.config = parse_config(self.config_text, str(config_path))
         self.revision = revision_of(self.config_text)
         self.operations = Operations(self)
+        self._document: ConfigDocument | None = None  # apply_edit's, of config_text
         self.paths = Paths.for_appliance(self.config.appliance.name, state_dir, run_dir)
         self.keep_dataplane = keep_dataplane
         self.faces = tuple(faces)
@@ -618,10 +619,16 @@ class Controller:
         if on_disk != self.config_text:
             raise EditError("conflict", f"{self.config_path} changed on disk since it was "
                             "loaded: reload it (SIGHUP) before changing it through the API")
-        doc = ConfigDocument.parse(self.config_text, str(self.config_path))
+        # The document of the text in force, parsed once and kept between writes
+        # (ruamel's round-trip parse of a 1,000-backend file takes about a
+        # second); taken out while it is edited, kept only once in force.
+        doc, self._document = self._document, None
+        if doc is None or doc.source_text is not self.config_text:
+            doc = ConfigDocument.parse(self.config_text, str(self.config_path))
         edit(doc)
         text = doc.text()
         if text == self.config_text:
+            self._document = doc
             return self.revision
         try:
             config = parse_config(text, str(self.config_path))
@@ -639,6 +646,8 @@ class Controller:
             raise EditError("unavailable", f"cannot write {self.config_path}: "
                             f"{err.strerror or err}; nothing changed") from err
         self.config_text, self.revision = text, revision_of(text)
+        doc.source_text = text
+        self._document = doc
         self._commit(prepared)
         if self.dpdk_host is not None:
             self.dpdk_host.sync_vips(self.config)
