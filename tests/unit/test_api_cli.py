@@ -24,14 +24,15 @@ from typing import Any
 import pytest
 import uvicorn
 
-from hpclb.config import ConfigError, HpclbConfig, parse_config
-from hpclb.controller.operations import ConfigDocument, EditError, revision_of
+from hpclb.config import parse_config
 from hpclb.faces import commands
 from hpclb.faces.api.app import create_app
 from hpclb.faces.api.auth import Tokens
 from hpclb.faces.api.history import History
 from hpclb.faces.cli import main as cli_main
 from hpclb.faces.client import ApiClient, ApiError, ApiUnreachable
+
+from .api_ops import DocumentOps
 
 READ = "read-token-" + "r" * 16
 WRITE = "write-token-" + "w" * 16
@@ -58,29 +59,12 @@ vips:
 """
 
 
-class Ops:
-    """The Operations interface (hpclb.controller.operations): edits applied
-    to the document and the result validated whole by the loader, one at a
-    time (the controller's loop)."""
-
-    def __init__(self, text: str) -> None:
-        self.lock = threading.Lock()
-        self.reset(text)
+class Ops(DocumentOps):
+    """DocumentOps with this suite's snapshot (b2's probe failing) and alarms."""
 
     def reset(self, text: str) -> None:
-        self.text = text
-        self.cfg = parse_config(text, "t.yaml")
-        self.pins: dict[str, dict[str, float]] = {}
+        super().reset(text)
         self.alarms: list[dict[str, str]] = []
-
-    def revision(self) -> str:
-        return revision_of(self.text)
-
-    def config(self) -> HpclbConfig:
-        return self.cfg
-
-    def config_text(self) -> str:
-        return self.text
 
     def status(self, t: float | None = None, n: int = 5000) -> dict[str, Any]:
         """A snapshot; ``n`` packets so far (the VIP's, split 60/40 over b1, b2)."""
@@ -111,31 +95,6 @@ class Ops:
             "dataplane_info": {"kind": "xdp", "reason": "configured", "attach_mode": "native",
                                "pid": 42, "capabilities": ["nat"]},
         }
-
-    def change(self, edit: Callable[[ConfigDocument], None], if_match: str | None = None,
-               timeout_s: float = 30.0) -> str:
-        with self.lock:
-            if if_match not in (None, "*") and if_match != self.revision():
-                raise EditError("precondition_failed",
-                                f"the configuration is not at revision {if_match}")
-            doc = ConfigDocument.parse(self.text, "t.yaml")
-            edit(doc)
-            text = doc.text()
-            try:
-                cfg = parse_config(text, "t.yaml")
-            except ConfigError as err:
-                raise EditError("invalid", "the new configuration is refused",
-                                [str(i) for i in err.issues]) from None
-            self.text, self.cfg = text, cfg
-            return self.revision()
-
-    def pin(self, backend: str, weight: float, duration_s: float) -> None:
-        if self.cfg.pool_of(backend) is None:
-            raise EditError("not_found", f"no backend {backend!r}")
-        self.pins[backend] = {"weight": weight, "until": time.time() + duration_s}
-
-    def unpin(self, backend: str) -> None:
-        self.pins.pop(backend, None)
 
 
 def _free_port() -> int:

@@ -9,9 +9,8 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,16 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from hpclb.config import ConfigError, HpclbConfig, parse_config
+from hpclb.config import HpclbConfig, parse_config
 from hpclb.controller import StartError
-from hpclb.controller.operations import ConfigDocument, EditError, revision_of
+from hpclb.controller.operations import revision_of
 from hpclb.faces.api import views
 from hpclb.faces.api.app import STATIC_DIR, create_app
 from hpclb.faces.api.auth import Tokens
 from hpclb.faces.api.history import History
 from hpclb.faces.api.server import ApiFace
+
+from .api_ops import DocumentOps
 
 READ = "r" * 8 + "-read-token-0123"
 WRITE = "w" * 8 + "-write-token-456"
@@ -53,25 +54,8 @@ vips:
 """
 
 
-class Ops:
-    """The Operations interface: edits applied to the document and validated
-    whole by the loader, serialised by a lock (the controller's loop)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.cfg = parse_config(text, "t.yaml")
-        self.lock = threading.Lock()
-        self.pins: dict[str, dict[str, float]] = {}
-        self.changes = 0
-
-    def revision(self) -> str:
-        return revision_of(self.text)
-
-    def config(self) -> HpclbConfig:
-        return self.cfg
-
-    def config_text(self) -> str:
-        return self.text
+class Ops(DocumentOps):
+    """DocumentOps with this suite's snapshot."""
 
     def status(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -97,31 +81,6 @@ class Ops:
                                "pid": 42, "capabilities": ["nat"]},
             "memory": {"control_rss_bytes": 10 << 20, "dataplane_rss_bytes": 5 << 20},
         }
-
-    def change(self, edit: Callable[[ConfigDocument], None], if_match: str | None = None,
-               timeout_s: float = 30.0) -> str:
-        with self.lock:
-            if if_match not in (None, "*") and if_match != self.revision():
-                raise EditError("precondition_failed", f"not at revision {if_match}")
-            doc = ConfigDocument.parse(self.text, "t.yaml")
-            edit(doc)
-            text = doc.text()
-            try:
-                cfg = parse_config(text, "t.yaml")
-            except ConfigError as err:
-                raise EditError("invalid", "configuration refused",
-                                [str(i) for i in err.issues]) from None
-            self.text, self.cfg = text, cfg
-            self.changes += 1
-            return self.revision()
-
-    def pin(self, backend: str, weight: float, duration_s: float) -> None:
-        if self.cfg.pool_of(backend) is None:
-            raise EditError("not_found", f"no backend {backend!r}")
-        self.pins[backend] = {"weight": weight, "until": time.time() + duration_s}
-
-    def unpin(self, backend: str) -> None:
-        self.pins.pop(backend, None)
 
 
 def server_log(caplog: pytest.LogCaptureFixture) -> str:

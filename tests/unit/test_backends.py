@@ -278,19 +278,24 @@ event = st.one_of(
 )
 
 
+def apply_event(decider: BackendDecider, ev: tuple[Any, ...], i: int, now: float) -> None:
+    """One generated event (a telemetry sample or a probe verdict) at ``now``."""
+    if ev[0] == "sample":
+        _, node, dt, cpu, rtt = ev
+        decider.telemetry(TelemetryMessage(node=node, time=now + dt, seq=i, interval_s=1.0,
+                                           cpu_load=cpu, mem_used=1.0, mem_total=4.0,
+                                           numa_nodes=1), rtt, mono=now, wall=now)
+    else:
+        decider.probe(ev[1], ev[2], "verdict", now)
+
+
 def replay(events: list[tuple[Any, ...]]) -> list[dict[str, tuple[BackendDecision, ...]]]:
     decider = BackendDecider(parse_config(FLEET))
     out = []
     now = 1.7e9
     for i, ev in enumerate(events):
         now += 0.7
-        if ev[0] == "sample":
-            _, node, dt, cpu, rtt = ev
-            decider.telemetry(TelemetryMessage(node=node, time=now + dt, seq=i, interval_s=1.0,
-                                               cpu_load=cpu, mem_used=1.0, mem_total=4.0,
-                                               numa_nodes=1), rtt, mono=now, wall=now)
-        else:
-            decider.probe(ev[1], ev[2], "verdict", now)
+        apply_event(decider, ev, i, now)
         out.append(decider.all_decisions(now + 0.3))
     return out
 

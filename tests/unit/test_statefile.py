@@ -36,6 +36,8 @@ from hpclb.controller.statefile import (
 from hpclb.health.backend import BackendHealth
 from hpclb.telemetry.message import TelemetryMessage
 
+from .test_backends import apply_event
+
 CONFIG = """\
 appliance: {name: gw, interfaces: {ingress: eth0}, hash_key: 000102030405060708090a0b0c0d0e0f,
             management_address: 198.18.0.3}
@@ -251,13 +253,7 @@ def replay(d: BackendDecider, events: list[tuple[Any, ...]], start: float) -> fl
     now = start
     for i, ev in enumerate(events):
         now += 0.7
-        if ev[0] == "sample":
-            _, node, dt, cpu, rtt = ev
-            d.telemetry(TelemetryMessage(node=node, time=now + dt, seq=i, interval_s=1.0,
-                                         cpu_load=cpu, mem_used=1.0, mem_total=4.0,
-                                         numa_nodes=1), rtt, mono=now, wall=now)
-        else:
-            d.probe(ev[1], ev[2], "verdict", now)
+        apply_event(d, ev, i, now)
     return now
 
 
