@@ -126,8 +126,10 @@ def test_hpclb_capabilities_are_exactly_what_it_needs(hpclb: Unit) -> None:
 
 def test_hpclb_file_system(hpclb: Unit) -> None:
     assert hpclb.get("ProtectSystem") == "strict"
-    # Pins, and the one sysfs file it writes (nr_hugepages).
-    assert set(hpclb.words("ReadWritePaths")) == {"/sys/fs/bpf", "-/sys/kernel/mm/hugepages"}
+    # Pins, the one sysfs file it writes (nr_hugepages), and the configuration
+    # file the REST API writes back.
+    assert set(hpclb.words("ReadWritePaths")) == {"/sys/fs/bpf", "-/sys/kernel/mm/hugepages",
+                                                  "/etc/hpclb"}
     # /run/hpclb and DPDK's runtime directory; /var/lib/hpclb.
     assert set(hpclb.words("RuntimeDirectory")) == {"hpclb", "dpdk"}
     assert hpclb.words("StateDirectory") == ["hpclb"]
