@@ -540,7 +540,8 @@ class Controller:
             raise StartError(str(err)) from err
         self._touched_dataplane = True
         adopted = self.dataplane.adopt_or_start()
-        hello = self.dataplane.client.hello()
+        # Kept for the status (attach mode, capabilities: what diagnose and the API show).
+        hello = self.hello = self.dataplane.client.hello()
         if adopted and hello.get("ring_size") != self.config.appliance.ring_size:
             log.warning("running data plane has a %s-slot ring, the configuration %d: "
                         "restarting it", hello.get("ring_size"), self.config.appliance.ring_size)
