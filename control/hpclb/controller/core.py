@@ -469,11 +469,13 @@ class Controller:
             "management_address": new.management_address})
         return config.model_copy(update={"appliance": kept})
 
-    def _prepare(self, config: HpclbConfig, decider: BackendDecider | None = None) -> Prepared:
+    def _prepare(self, config: HpclbConfig, decider: BackendDecider | None = None,
+                 fill_checked: bool = False) -> Prepared:
         """Acquire and check everything ``config`` needs; change nothing in
         force. Raises (ConfigError, StartError, OSError...) after releasing
-        what it acquired."""
-        check_maglev_fill(config)
+        what it acquired. ``fill_checked``: the caller ran check_maglev_fill."""
+        if not fill_checked:
+            check_maglev_fill(config)
         check_host(config, str(self.config_path))
         dataplane_argv(config, self.choice)  # renders (and finds the binary)
         plan = self.monitors.prepare(config)
@@ -527,13 +529,16 @@ class Controller:
     def start(self) -> None:
         """Acquire everything, then adopt (or start) the data plane and push.
         StartError/ConfigError before anything was adopted or started."""
-        # The state checkpoint first: the first tables are then those pushed
+        # A configuration whose rings cannot be built in time is refused before
+        # anything else, the state checkpoint included.
+        check_maglev_fill(self.config)
+        # The state checkpoint next: the first tables are then those pushed
         # before a restart, and the adopted data plane gets nothing again.
         restored = self.state.restore(self.decider, self.config, self.revision,
                                       time.monotonic(), time.time())
         self.macs.update(restored.macs)
         try:
-            prepared = self._prepare(self.config, self.decider)
+            prepared = self._prepare(self.config, self.decider, fill_checked=True)
         except (ConfigError, StartError):
             raise
         except Exception as err:
