@@ -15,10 +15,9 @@ import ipaddress
 import os
 import signal
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -29,6 +28,8 @@ from hpclb.contract.tables import BackendState
 from hpclb.host.netns import inside
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
+
+from .polling import wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP)")
@@ -45,17 +46,6 @@ def lab() -> Iterator[Lab]:
              peer_xdp_pass=default_pass_obj()) as lab:
         lab.start_backends(LAB_PORT, udp=True)
         yield lab
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s}s (last: {value!r})")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

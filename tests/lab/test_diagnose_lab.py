@@ -46,6 +46,8 @@ from hpclb.host.nicstats import NetlinkNicStats
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.topology import ETH, Lab, default_pass_obj
 
+from . import polling
+
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="lab tests need root (network namespaces, veth, XDP, tc)")
 
@@ -87,14 +89,7 @@ def get(app: LabAppliance, path: str) -> Any:
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = VERDICT_WITHIN_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s}s (last: {value!r})")
-        time.sleep(0.1)
+    return polling.wait_for(what, probe, timeout_s, interval_s=0.1)
 
 
 def health(app: LabAppliance, backend: str) -> dict[str, Any]:
