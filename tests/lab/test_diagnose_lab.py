@@ -226,9 +226,11 @@ def test_a_probe_rtt_outlier_is_named(lab: Lab, appliance: LabAppliance,
     assert outlier["title"].startswith("b3: probe RTT")
     assert outlier["evidence"]["rtt_ms"] >= DELAY_MS * 0.9
     assert outlier["evidence"]["pool_size"] == 3
-    # Undone: b3's round trip is back among its peers'.
-    wait_for("b3's probe RTT back to normal",
-             lambda: (health(appliance, "b3")["rtt_ms"] or 1e9) < DELAY_MS / 2)
+    # Undone: the diverting filter is gone from b3's interface (no clsact qdisc
+    # left), so later tests see b3 as it was; no round-trip bound is asserted.
+    qdiscs = lab.exec("b3", ["tc", "qdisc", "show", "dev", ETH]).stdout
+    assert "clsact" not in qdiscs, qdiscs
+    wait_for("b3 still up after the delay line", lambda: health(appliance, "b3")["up"])
 
 
 # Holds what it is told to allocate, each byte written (resident, not just mapped):
