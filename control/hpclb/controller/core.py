@@ -38,7 +38,6 @@ import copy
 import ipaddress
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -83,6 +82,7 @@ from hpclb.dataplane.client import snat_order
 from hpclb.dataplane.push import push_tables
 from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
 from hpclb.dataplane.supervisor import DataplaneProcess
+from hpclb.host.files import write_atomically
 from hpclb.host.neighbours import NeighbourError, resolve_mac
 from hpclb.host.procinfo import rss_bytes
 
@@ -208,31 +208,6 @@ def vip_entry(config: HpclbConfig, vip: VipConfig, vip_id: int) -> Vip:
                    tunnel_encap=Encap[tunnel.encap.name], gue_port=tunnel.port,
                    tunnel_src_bits=tunnel.src_bits)
     return Vip(vip_id, vip.address, vip.port, proto)
-
-
-def write_file_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``: a temporary file beside it, fsync, rename,
-    fsync of the folder, so a crash leaves the old file or the new one, never a
-    mix. The file keeps its permissions (an operator's file may be 0640)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o640
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dirfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dirfd)
-    finally:
-        os.close(dirfd)
 
 
 class StartError(Exception):
@@ -646,7 +621,10 @@ class Controller:
         except (ConfigError, StartError, OSError, ValueError) as err:
             raise EditError("invalid", f"refused: {err}") from err
         try:
-            write_file_atomically(self.config_path, text)
+            # The operator's file keeps its permissions (it may be 0640).
+            path = self.config_path
+            write_atomically(path, text.encode("utf-8", "surrogatepass"),
+                             path.stat().st_mode & 0o7777 if path.exists() else 0o640)
         except OSError as err:
             self._abort(prepared)
             raise EditError("unavailable", f"cannot write {self.config_path}: "

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hpclb.host.files import write_atomically
 
 
 @dataclass
@@ -86,10 +86,5 @@ class Checkpoint:
                 self._saved = payload
                 return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ids.")
-        with os.fdopen(fd, "w") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, payload.encode(), 0o600)
         self._saved = payload

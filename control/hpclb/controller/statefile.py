@@ -33,7 +33,6 @@ loudly, and the control plane starts afresh.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import ipaddress
 import json
@@ -52,6 +51,7 @@ from hpclb.config import HpclbConfig
 from hpclb.contract.tables import IPAddress
 from hpclb.controller.backends import BackendDecider, BackendDecision
 from hpclb.health.backend import Change
+from hpclb.host.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +151,6 @@ def _checks_out(path: Path) -> bool:
     return True
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_state(folder: Path, body: Mapping[str, Any]) -> Path:
     """Write ``body`` as ``folder/state.json``, atomically, keeping the former
     one (when it checks out) as ``state.prev.json``. Raises OSError (or
@@ -166,22 +158,14 @@ def write_state(folder: Path, body: Mapping[str, Any]) -> Path:
     with one good file: never a half-written one under either name."""
     data = encode_state(body)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp, current, previous = folder / TEMPORARY, folder / CURRENT, folder / PREVIOUS
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    current, previous = folder / CURRENT, folder / PREVIOUS
+
+    def keep_previous() -> None:
         # A corrupt current file must not push out the good previous one.
         if _checks_out(current):
             os.replace(current, previous)
-        os.replace(tmp, current)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(folder)
+
+    write_atomically(current, data, 0o600, tmp=folder / TEMPORARY, before_replace=keep_previous)
     return current
 
 
