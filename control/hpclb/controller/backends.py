@@ -282,16 +282,19 @@ class BackendDecider:
                 health.setdefault(b.name, {"up": True, "probe_up": True, "beats_missed": False,
                                           "beats_unknown": False})
         decisions = self.all_decisions(now)
+        # Backend -> pool once (pool_of per backend would be quadratic: 1,000
+        # dynamic backends, every second).
+        pools = {b.name: p for p, pool in self.config.pools.items() for b in pool.backends}
         return {
             "health": dict(sorted(health.items())),
             "weights": {p: {d.name: d.weight for d in ds} for p, ds in decisions.items()},
             "states": {d.name: d.state.name.lower() for ds in decisions.values() for d in ds},
-            "pools": {b.name: p for p, pool in self.config.pools.items() for b in pool.backends},
+            "pools": pools,
             "configured_weights": {b.name: b.weight for pool in self.config.pools.values()
                                    for b in pool.backends},
             "pins": {name: {"weight": w, "until": until}
                      for name, (w, until) in sorted(self.pins.items())},
-            "inputs": {name: self._inputs(sample, received, now)
+            "inputs": {name: self._inputs(sample, received, now, pools.get(name))
                        for name, (sample, received) in sorted(self.samples.items())},
             "telemetry_latest": {name: msg.model_dump(mode="json")
                                  | {"received": received, "age_s": max(now - received, 0.0)}
@@ -302,9 +305,10 @@ class BackendDecider:
             "samples_rejected": {p: t.rejection_counts() for p, t in self.trackers.items()},
         }
 
-    def _inputs(self, sample: NodeSample, received: float, now: float) -> dict[str, object]:
-        """One backend's weight inputs as the status shows them."""
-        pool = self.config.pool_of(sample.node)
+    def _inputs(self, sample: NodeSample, received: float, now: float,
+                pool: str | None) -> dict[str, object]:
+        """One backend's weight inputs as the status shows them, scored by the
+        policy of its ``pool``."""
         policy = self.config.pools[pool].policy if pool in self.config.pools else None
         return {
             "cpu_load": sample.cpu_load, "mem_used": sample.mem_used,
