@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq.auth
@@ -50,3 +53,24 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     for name in AGENT_NAMES:
         (k.allow / f"{name}.key").write_text(k.public(name).read_text())
     return k
+
+
+@contextmanager
+def agents_heard(lab: Any, app: Any, keys: Keys, names: tuple[str, ...], interval_s: float,
+                 log_dir: Path, heard: Callable[[dict[str, Any]], bool]) -> Iterator[None]:
+    """One `hpclb-agent` per name, pointed at ``app``'s telemetry with that
+    name's key; returns once the status says ``heard`` and every backend is
+    up; stops every agent it started, whatever happened."""
+    agents: list[subprocess.Popen[str]] = []
+    try:
+        for name in names:
+            agents.append(lab.start_agent(
+                name, connect=app.telemetry_endpoint(), server_key=keys.public("server"),
+                key=keys.secret(name), base_interval=interval_s,
+                log=log_dir / f"agent-{name}.log"))
+        app.wait_status(lambda s: heard(s) and all(h["up"] for h in s["health"].values()),
+                        timeout_s=60, what="agents heard, backends up")
+        yield
+    finally:
+        for agent in agents:
+            lab.stop_process(agent)

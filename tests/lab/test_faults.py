@@ -41,7 +41,7 @@ import pytest
 from hpclb.lab.appliance import LAB_PORT, LAB_TELEMETRY_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
 
-from .conftest import AGENT_NAMES, Keys
+from .conftest import AGENT_NAMES, Keys, agents_heard
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="lab tests need root (network namespaces, veth, XDP)")
@@ -163,21 +163,9 @@ def appliance(lab: Lab, keys: Keys, tmp_path: Path, dataplane: str) -> Iterator[
     """`hpclb run` with probes, agents and metrics; yields once every agent
     has been heard and every backend is up."""
     app = make_appliance(lab, keys, tmp_path, dataplane)
-    agents: list[subprocess.Popen[str]] = []
-    with app:
-        try:
-            for name in BACKENDS:
-                agents.append(lab.start_agent(
-                    name, connect=app.telemetry_endpoint(), server_key=keys.public("server"),
-                    key=keys.secret(name), base_interval=AGENT_INTERVAL_S,
-                    log=tmp_path / f"agent-{name}.log"))
-            app.wait_status(lambda s: s["telemetry"]["accepted"] >= 6
-                            and all(h["up"] for h in s["health"].values()),
-                            timeout_s=60, what="agents heard, backends up")
-            yield app
-        finally:
-            for agent in agents:
-                lab.stop_process(agent)
+    with app, agents_heard(lab, app, keys, BACKENDS, AGENT_INTERVAL_S, tmp_path,
+                           lambda s: s["telemetry"]["accepted"] >= 6):
+        yield app
 
 
 # --------------------------------------------------------------------------- helpers

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ import pytest
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
 
-from .conftest import AGENT_NAMES, Keys
+from .conftest import AGENT_NAMES, Keys, agents_heard
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="lab tests need root (network namespaces, veth, XDP)")
@@ -77,21 +76,12 @@ def appliance(lab: Lab, keys: Keys,
                              telemetry={"server_key": str(keys.secret("server")),
                                         "allow_dir": str(keys.allow),
                                         "handshake_timeout_s": 1.0})
-    agents: list[subprocess.Popen[str]] = []
     with app:
         try:
-            for name in AGENT_NAMES:
-                agents.append(lab.start_agent(
-                    name, connect=app.telemetry_endpoint(), server_key=keys.public("server"),
-                    key=keys.secret(name), base_interval=AGENT_INTERVAL_S,
-                    log=workdir / f"agent-{name}.log"))
-            app.wait_status(lambda s: set(s.get("inputs", {})) == set(WEIGHTS)
-                            and all(h["up"] for h in s["health"].values()),
-                            timeout_s=60, what="agents heard, backends up")
-            yield app
+            with agents_heard(lab, app, keys, AGENT_NAMES, AGENT_INTERVAL_S, workdir,
+                              lambda s: set(s.get("inputs", {})) == set(WEIGHTS)):
+                yield app
         finally:
-            for agent in agents:
-                lab.stop_process(agent)
             lab.set_backend_link(2, up=True)
 
 

@@ -36,28 +36,15 @@ from hpclb.controller.statefile import (
 from hpclb.health.backend import BackendHealth
 from hpclb.telemetry.message import TelemetryMessage
 
-from .test_backends import apply_event
+from .test_backends import FLEET, apply_event
 
-CONFIG = """\
-appliance: {name: gw, interfaces: {ingress: eth0}, hash_key: 000102030405060708090a0b0c0d0e0f,
-            management_address: 198.18.0.3}
-telemetry: {server_key: /etc/hpclb/server.key_secret, allow_dir: /etc/hpclb/agents,
-            missed_heartbeats: 3}
-pools:
-  cpu:
-    weights: dynamic
-    policy: {cpu: 1, mem: 0, net: 0, alpha: 0.5, step: 0.02, max_rate: 0.2, slow_start_s: 10,
-             stale_after_s: 1000}
-    backends:
-      - {name: c1, address: 198.18.0.11, weight: 2}
-      - {name: c2, address: 198.18.0.12}
-  web:
-    policy: {slow_start_s: 8}
-    probe: {kind: tcp, port: 80, rise: 2}
-    backends:
-      - {name: w1, address: 198.18.0.21, weight: 3}
-      - {name: w2, address: 198.18.0.22}
-"""
+# The decider suite's fleet, with a probe on the static pool and a second web node.
+CONFIG = FLEET.replace(
+    "    policy: {slow_start_s: 8}\n",
+    "    policy: {slow_start_s: 8}\n    probe: {kind: tcp, port: 80, rise: 2}\n").replace(
+    "      - {name: w1, address: 198.18.0.21, weight: 3}\n",
+    "      - {name: w1, address: 198.18.0.21, weight: 3}\n"
+    "      - {name: w2, address: 198.18.0.22}\n")
 T0 = 1.7e9
 
 
