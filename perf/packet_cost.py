@@ -169,6 +169,8 @@ from hpclb.lab.bench import (
 )
 from hpclb.lab.bpf_testrun import PinnedXdpProgram
 from hpclb.lab.topology import Lab
+from hpclb.lab.xdp_cost import prog_info as _prog_info
+from hpclb.lab.xdp_cost import repeat1_ns, with_source
 
 SIDES = ("baseline", "candidate")
 DATAPLANES = ("xdp", "dpdk")
@@ -357,21 +359,6 @@ def _check_exe(appliance: LabAppliance, binary: Path) -> None:
 
 # --- XDP ----------------------------------------------------------------------
 
-def _with_sport(frame: bytes, sport: int) -> bytes:
-    """``frame`` (Ethernet, 20-byte IPv4 header, UDP) with another source port,
-    its UDP checksum updated incrementally (RFC 1624)."""
-    b = bytearray(frame)
-    old = int.from_bytes(b[34:36], "big")
-    b[34:36] = sport.to_bytes(2, "big")
-    csum = int.from_bytes(b[40:42], "big")
-    if csum:  # 0: no checksum
-        s = (~csum & 0xFFFF) + (~old & 0xFFFF) + sport
-        while s >> 16:
-            s = (s & 0xFFFF) + (s >> 16)
-        b[40:42] = ((~s & 0xFFFF) or 0xFFFF).to_bytes(2, "big")
-    return bytes(b)
-
-
 def _non_vip_frame(lab: Lab) -> bytes:
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
@@ -381,29 +368,9 @@ def _non_vip_frame(lab: Lab) -> bytes:
                  / UDP(sport=HIT_SPORT, dport=LAB_PORT) / bytes(18))
 
 
-def _repeat1_ns(prog: PinnedXdpProgram, frames: list[bytes]) -> tuple[int, set[str]]:
-    """Total kernel duration of one run per frame (repeat=1), and the verdicts."""
-    total, actions = 0, set()
-    for frame in frames:
-        action, _, ns = prog.run_repeated(frame, 1)
-        total += ns
-        actions.add(action)
-    return total, actions
-
-
 def _stats(cp: ControlPlane, appliance: LabAppliance) -> dict[str, int]:
     """The data plane's counters, through its own tree's client."""
     return {k: int(v) for k, v in cp.call(appliance.socket, "stats")["counters"].items()}
-
-
-def _prog_info(pin: str) -> dict[str, Any]:
-    res = subprocess.run(["bpftool", "-j", "prog", "show", "pinned", pin],
-                         capture_output=True, text=True, check=False)
-    try:
-        data = json.loads(res.stdout)
-    except ValueError:
-        return {}
-    return {k: data.get(k) for k in ("tag", "bytes_xlated", "bytes_jited")}
 
 
 class XdpSide:
@@ -447,15 +414,15 @@ class XdpSide:
     def hit_repeat1(self) -> None:
         done = self.repeat1["flow_hit"]
         frames = self._share([self.frames["hit"]] * len(self.frames["new"]), done)
-        done.append(_repeat1_ns(self.prog, frames)[0])
+        done.append(repeat1_ns(self.prog, frames)[0])
 
     def new(self) -> None:
         done = self.repeat1["flow_new"]
         if not done:
             self.after_hits = _stats(self.cp, self.appliance)
-        total, actions = _repeat1_ns(self.prog, self._share(self.frames["new"], done))
+        total, actions = repeat1_ns(self.prog, self._share(self.frames["new"], done))
         done.append(total)
-        self.new_actions |= actions
+        self.new_actions |= set(actions)
 
     def finish(self) -> None:
         n = len(self.frames["new"])
@@ -1094,7 +1061,8 @@ def run(args: argparse.Namespace) -> int:
         # The labs' MACs and addresses are the same (lab.topology): one set of frames.
         hit = udp_frame(lab, HIT_SPORT)
         frames = {"hit": hit, "non_vip": _non_vip_frame(lab),
-                  "new": [_with_sport(hit, NEW_SPORT_FIRST + i) for i in range(args.new_flows)]}
+                  "new": [with_source(hit, sport=NEW_SPORT_FIRST + i)
+                          for i in range(args.new_flows)]}
         for n in range(args.trials):
             order = SIDES[::-1] if args.order == "abba" and n % 2 else SIDES
             if "xdp" in dataplanes:

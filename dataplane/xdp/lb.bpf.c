@@ -7,7 +7,8 @@
  * lb_parse_untagged, shared with the DPDK forwarder: untagged IPv4 on its old
  * path, untagged IPv6 beside it, with a bounded walk of the extension
  * headers), look the (daddr, dport, proto) triple up (IPv4: vip4_map, the
- * compact key; IPv6: vip_map, the contract's key, which holds every VIP),
+ * compact key, through a per-CPU cache of its answers, vip4_lookup; IPv6:
+ * vip_map, the contract's key, which holds every VIP),
  * then
  *   1. flow table hit whose backend is up or draining  -> reuse it (affinity:
  *      a weight change or ring patch never moves an established flow; the
@@ -236,6 +237,47 @@ struct {
  * mapping) costs one load, where a map would cost a lookup call. */
 volatile __u32 nat_active;
 
+/* ---- the IPv4 VIP cache ----------------------------------------------------
+ * A flow hit costs two hash lookups, the VIP's (vip4_map) and the flow's
+ * (flow_map); the VIP's, an 8-byte jhash and a bucket walk, is about a fifth
+ * of the whole hit path (perf/packet_cost.py, hpclb.lab.xdp_cost). Each CPU
+ * keeps the answers it last had from vip4_map, the VIP entry or "no VIP",
+ * in a small direct-mapped table of its own (per-CPU: no sharing, no
+ * atomics), valid while vip_gen is the value it was stored under.
+ *
+ * vip_gen (.bss) is written by the daemon only (xdp_tables.c): 0 in a fresh
+ * program instance, which disables the cache (never read, never filled),
+ * then 1 once the daemon holds the program's tables, and one more after
+ * every write of vip4_map, after that write: a CPU that read the old
+ * generation may cache what it saw under it, which the new one voids; a
+ * CPU that read the new one reads vip4_map after it (x86 keeps loads in
+ * order), so it sees the write. A VIP's entry therefore takes effect no
+ * later than the generation the daemon bumps right after writing it, as it
+ * took effect when written before. The cache map is never pinned (each
+ * program instance starts with an empty one; xdp_daemon.c), and nothing but
+ * lb_xdp reads it. IPv6 VIPs (vip_map) are not cached: their key is 20
+ * bytes and their path is not the one the figures are about. */
+#define VIP4_CACHE_SLOTS 64 /* a power of two */
+
+struct vip4_cache_slot {
+	__u64 gen;                /* vip_gen the slot was filled under; 0: being filled */
+	__u64 key;                /* the struct lb_vip_key_v4 looked up, as one word */
+	struct lb_vip_entry vip __attribute__((aligned(8))); /* vip4_map's entry, when present
+				  * (8-aligned: copied out as four words) */
+	__u32 present;            /* 1: vip holds vip4_map's entry; 0: no such VIP */
+	__u32 pad;
+	__u64 key_end;            /* key again, written after vip and present */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct vip4_cache_slot);
+	__uint(max_entries, VIP4_CACHE_SLOTS);
+} vip4_cache SEC(".maps");
+
+volatile __u64 vip_gen;
+
 static __always_inline void count(struct lb_counter *c, __u64 bytes)
 {
 	if (c) {
@@ -336,7 +378,10 @@ static __always_inline struct lb_backend *flow_backend(void *flows, const void *
 		stat(LB_STAT_FLOW_NEW, len, 0);
 	fresh.backend = id;
 	fresh.vip_id = vip->vip_id;
-	fresh.pinned_ns = bpf_ktime_get_ns();
+	/* The coarse clock (the last tick's time, no clock read): pinned_ns is
+	 * diagnostics, and a precise read costs a new flow tens of ns here
+	 * (hpclb.lab.xdp_cost); the DPDK plane stamps a burst's time likewise. */
+	fresh.pinned_ns = bpf_ktime_get_coarse_ns();
 	bpf_map_update_elem(flows, flow, &fresh, BPF_ANY);
 	*backend_id = id;
 	return backend;
@@ -394,6 +439,63 @@ static __always_inline void keys_v6(struct lb_flow_key *flow, struct lb_vip_key 
 	flow->pad[1] = 0;
 	vkey->addr = p->dst;
 	vip_key_word(&vkey->port, p->dport, p->proto, LB_FAMILY_V6);
+}
+
+/* 1 and vip4_map's entry for vkey in *out, or 0 when there is none, through
+ * this CPU's cache (vip_gen above). The entry is always a copy on the
+ * caller's stack (a map value pointer that may be NULL, merged with another,
+ * is what the verifier refuses to offset before the NULL test clang moves).
+ *
+ * Per-CPU data without a lock: a program run that can be preempted (a
+ * BPF_PROG_TEST_RUN, generic XDP outside a softirq) may be interrupted on its
+ * CPU by another run of this program, which may fill the same slot. So a fill
+ * writes gen 0 first, then key, the entry, key_end, and gen last (compiler
+ * barriers keep that order; one CPU sees its own stores in order), and a slot
+ * counts only when gen is the current generation and key and key_end both
+ * name the key looked up: a fill interrupted by another's leaves the two keys
+ * different (the later key, the earlier key_end) or is completed over. A hit
+ * copies the entry out and checks the slot again after the copy, so that a
+ * fill landing meanwhile is seen. */
+static __always_inline int vip4_lookup(const struct lb_vip_key_v4 *vkey, struct lb_vip_entry *out)
+{
+	struct vip4_cache_slot *slot = NULL;
+	struct lb_vip_entry *vip;
+	__u64 gen = vip_gen, key;
+	__u32 idx, present;
+
+	__builtin_memcpy(&key, vkey, sizeof(key));
+	if (gen) {
+		/* Any fold of the key spreads a site's VIPs; a collision
+		 * costs only a lookup. */
+		idx = (__u32)(key ^ (key >> 29) ^ (key >> 40)) & (VIP4_CACHE_SLOTS - 1);
+		slot = bpf_map_lookup_elem(&vip4_cache, &idx);
+	}
+	if (slot && slot->gen == gen && slot->key == key && slot->key_end == key) {
+		present = slot->present;
+		/* Four 8-byte words: slot->vip is 8-aligned, and so is every
+		 * caller's copy (lb_xdp's vip_copy). */
+		__builtin_memcpy(__builtin_assume_aligned(out, 8),
+				 __builtin_assume_aligned(&slot->vip, 8), sizeof(*out));
+		asm volatile("" ::: "memory");
+		if (slot->gen == gen && slot->key == key && slot->key_end == key)
+			return present != 0;
+	}
+	vip = bpf_map_lookup_elem(&vip4_map, vkey);
+	if (vip)
+		*out = *vip;
+	if (slot) {
+		slot->gen = 0;
+		asm volatile("" ::: "memory");
+		slot->key = key;
+		slot->present = vip != NULL;
+		if (vip)
+			slot->vip = *out;
+		asm volatile("" ::: "memory");
+		slot->key_end = key;
+		asm volatile("" ::: "memory");
+		slot->gen = gen;
+	}
+	return vip != NULL;
 }
 
 /* ---- NAT mode (lb_conn.h) ------------------------------------------------ */
@@ -892,7 +994,7 @@ int lb_xdp(struct xdp_md *ctx)
 	struct lb_parsed pkt;
 	struct lb_vip_key_v4 vkey;
 	struct lb_flow_key_v4 flow;
-	struct lb_vip_entry *vip;
+	struct lb_vip_entry *vip, vip_copy __attribute__((aligned(8)));
 	struct lb_backend *backend;
 	__u32 backend_id = LB_NO_BACKEND;
 
@@ -921,7 +1023,7 @@ int lb_xdp(struct xdp_md *ctx)
 		return balance_v6(ctx, data, data_end, &pkt, len);
 	flow_key_v4(&flow, &pkt);
 	vip_key_v4(&vkey, &flow);
-	vip = bpf_map_lookup_elem(&vip4_map, &vkey);
+	vip = vip4_lookup(&vkey, &vip_copy) ? &vip_copy : NULL;
 	if (!vip && !nat_active)
 		return stat(LB_STAT_PASS_NOT_VIP, len, XDP_PASS);
 	if (!vip || vip->mode == LB_MODE_NAT)

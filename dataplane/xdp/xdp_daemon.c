@@ -296,10 +296,12 @@ static int lock_pin_dir(const char *pin_dir, char *path, size_t pathlen)
 
 /* ---- maps and pins ----------------------------------------------------- */
 
-/* Maps we pin: the program's own, not libbpf's .data/.rodata/.bss. */
+/* Maps we pin: the program's own, not libbpf's .data/.rodata/.bss, nor
+ * vip4_cache (lb.bpf.c): a cache of vip4_map valid under its program
+ * instance's vip_gen only, so each instance starts with an empty one. */
 static int pinned_kind(const struct bpf_map *m)
 {
-	return !bpf_map__is_internal(m);
+	return !bpf_map__is_internal(m) && strcmp(bpf_map__name(m), "vip4_cache") != 0;
 }
 
 /* The maps --conn-table-size sizes: each family's connection table and its

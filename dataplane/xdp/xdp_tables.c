@@ -141,6 +141,14 @@ static int vip4_key(const struct lb_vip_key *key, struct lb_vip_key_v4 *k4)
 	return 1;
 }
 
+/* After every write of vip4_map, done or failed: the program's per-CPU VIP
+ * caches hold nothing read before it (lb.bpf.c, vip_gen). */
+static void vip_gen_bump(struct xdp_tables *t)
+{
+	if (t->vip_gen)
+		__atomic_add_fetch(t->vip_gen, 1, __ATOMIC_SEQ_CST);
+}
+
 static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_vip_entry *vip)
 {
 	struct xdp_tables *t = ctx;
@@ -152,8 +160,10 @@ static int op_set_vip(void *ctx, const struct lb_vip_key *key, const struct lb_v
 	if (nat)
 		xdp_conns_nat_vip_begin(t->conns);
 	err = bpf_map_update_elem(t->vip_fd, key, vip, BPF_ANY);
-	if (!err && vip4_key(key, &k4))
+	if (!err && vip4_key(key, &k4)) {
 		err = bpf_map_update_elem(t->vip4_fd, &k4, vip, BPF_ANY);
+		vip_gen_bump(t);
+	}
 	if (nat)
 		xdp_conns_nat_vip_end(t->conns);
 	return err;
@@ -167,6 +177,7 @@ static int op_del_vip(void *ctx, const struct lb_vip_key *key)
 
 	if (vip4_key(key, &k4)) {
 		err = bpf_map_delete_elem(t->vip4_fd, &k4);
+		vip_gen_bump(t);
 		if (err && err != -ENOENT)
 			return err;
 	}
@@ -331,6 +342,10 @@ int xdp_tables_open(struct xdp_tables *t, struct lb_bpf *skel, __u32 ring_size)
 	t->conn_fd = bpf_map__fd(skel->maps.conn_map);
 	t->conn6_fd = bpf_map__fd(skel->maps.conn6_map);
 	t->nat_fd = bpf_map__fd(skel->maps.nat_config_map);
+	/* The VIP cache on from here: every later write of vip4_map goes
+	 * through this file, which bumps the generation after it. */
+	t->vip_gen = &skel->bss->vip_gen;
+	__atomic_store_n(t->vip_gen, 1, __ATOMIC_SEQ_CST);
 	t->devmap_value_size = bpf_map__value_size(skel->maps.tx_devmap);
 	if (bpf_map__max_entries(skel->maps.ring_map) < (__u64)LB_MAX_VIPS * ring_size ||
 	    (t->devmap_value_size != 4 && t->devmap_value_size != 8))
@@ -400,6 +415,7 @@ int xdp_tables_reset(struct xdp_tables *t, const struct lb_config *cfg)
 
 	/* VIPs: delete whatever is there (fresh maps are empty). */
 	err = clear_vips(t->vip4_fd, sizeof(struct lb_vip_key_v4));
+	vip_gen_bump(t);
 	if (!err)
 		err = clear_vips(t->vip_fd, sizeof(struct lb_vip_key));
 	if (err)
@@ -473,7 +489,7 @@ void xdp_tables_free_state(struct lb_proto_state *st)
 /* Makes vip4_map hold exactly the IPv4 VIPs of st: each written (an entry
  * already there is overwritten with the same value: no lookup misses it),
  * then every key that names no such VIP deleted. */
-static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
+static int sync_vip4_writes(struct xdp_tables *t, const struct lb_proto_state *st)
 {
 	struct lb_vip_key_v4 k4, keys[LB_MAX_VIPS + 1];
 	struct lb_vip_entry e;
@@ -512,6 +528,14 @@ static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
 			return err;
 	}
 	return 0;
+}
+
+static int sync_vip4(struct xdp_tables *t, const struct lb_proto_state *st)
+{
+	int err = sync_vip4_writes(t, st);
+
+	vip_gen_bump(t);
+	return err;
 }
 
 int xdp_tables_read_state(struct xdp_tables *t, struct lb_proto_state *st)

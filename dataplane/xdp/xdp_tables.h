@@ -30,6 +30,7 @@ struct xdp_tables {
 	char *ring_mem;   /* ring_map mapped, when it is BPF_F_MMAPABLE; else NULL */
 	size_t ring_mem_len;
 	size_t ring_stride; /* bytes between two slots in ring_mem */
+	volatile __u64 *vip_gen; /* the program's vip_gen (lb.bpf.c: its VIP cache) */
 };
 
 extern const struct lb_dataplane_ops xdp_tables_ops; /* ctx = struct xdp_tables * */

@@ -72,6 +72,7 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("reflect.bpf.o"),
     Output("sink.bpf.o"),
     Output("decap.bpf.o"),
+    Output("noop.bpf.o"),
 )}
 
 
