@@ -10,9 +10,11 @@
 #define EVICT_SAMPLE 8        /* used entries looked at to choose a victim */
 #define EVICT_MAX_WALK 1024   /* positions walked at most to find them */
 
-hash_sig_t fwd_flow_sig(const struct fwd_flow_table *ft, const struct lb_flow_key *k)
+/* rte_hash's key compare (0: equal): fwd_flow_key_eq, fwd_flow.h says why. */
+static int fwd_flow_key_cmp(const void *a, const void *b, size_t len)
 {
-	return (hash_sig_t)lb_flow_hash(ft->sig_key, k);
+	(void)len; /* always sizeof(struct lb_flow_key) */
+	return !fwd_flow_key_eq(a, b);
 }
 
 int fwd_flow_init(struct fwd_flow_table *ft, const char *name, __u32 capacity,
@@ -31,7 +33,19 @@ int fwd_flow_init(struct fwd_flow_table *ft, const char *name, __u32 capacity,
 		return -EINVAL;
 	if (getrandom(ft->sig_key, sizeof(ft->sig_key), 0) != sizeof(ft->sig_key))
 		return -EIO;
+	{
+		__u64 k0, k1;
+
+		memcpy(&k0, ft->sig_key, 8);
+		memcpy(&k1, ft->sig_key + 8, 8);
+		ft->sip_v[0] = k0 ^ 0x736f6d6570736575ULL;
+		ft->sip_v[1] = k1 ^ 0x646f72616e646f6dULL;
+		ft->sip_v[2] = k0 ^ 0x6c7967656e657261ULL;
+		ft->sip_v[3] = k1 ^ 0x7465646279746573ULL;
+	}
 	ft->h = rte_hash_create(&p);
+	if (ft->h)
+		rte_hash_set_cmp_func(ft->h, fwd_flow_key_cmp);
 	ft->slots = rte_zmalloc_socket(name, (size_t)capacity * sizeof(*ft->slots),
 				       RTE_CACHE_LINE_SIZE, socket_id);
 	if (!ft->h || !ft->slots) {
@@ -49,17 +63,6 @@ void fwd_flow_free(struct fwd_flow_table *ft)
 	rte_free(ft->slots);
 	ft->h = NULL;
 	ft->slots = NULL;
-}
-
-struct fwd_flow_slot *fwd_flow_lookup(struct fwd_flow_table *ft, const struct lb_flow_key *k,
-				      hash_sig_t sig, __u64 now)
-{
-	int32_t pos = rte_hash_lookup_with_hash(ft->h, k, sig);
-
-	if (pos < 0 || (__u32)pos >= ft->capacity)
-		return NULL;
-	ft->slots[pos].last_seen = now;
-	return &ft->slots[pos];
 }
 
 static int remove_at(struct fwd_flow_table *ft, __u32 pos)
@@ -135,4 +138,19 @@ int fwd_flow_pin(struct fwd_flow_table *ft, const struct lb_flow_key *k, hash_si
 	ft->slots[pos].last_seen = now;
 	ft->slots[pos].used = true;
 	return evicted;
+}
+
+__u32 fwd_flow_count(const struct fwd_flow_table *ft)
+{
+	int32_t n = rte_hash_count(ft->h);
+
+	return n > 0 ? (__u32)n : 0;
+}
+
+void fwd_flow_reset(struct fwd_flow_table *ft)
+{
+	rte_hash_reset(ft->h);
+	for (__u32 pos = 0; pos < ft->capacity; pos++)
+		ft->slots[pos].used = false;
+	ft->sweep_next = 0;
 }

@@ -6,6 +6,7 @@
  *              [--socket ENDPOINT] [--ring-size PRIME] [--flow-table-size N]
  *              [--flow-timeout S] [--conn-table-size N] [--netns NAME]
  *              [--idle-sleep-us N] [--numa strict|warn] [--log-level L]
+ *              [--bench-frames PCAP [--bench macswap|forget-flows]]
  *
  * The main lcore serves the table protocol (lb_proto_ops.c) as hpclb-xdp
  * does, with the same options, signals and control channel (lb_daemon.c),
@@ -28,6 +29,7 @@
 #include <rte_lcore.h>
 #include <rte_malloc.h>
 
+#include "fwd_bench.h"
 #include "fwd_ports.h"
 #include "fwd_tables.h"
 #include "fwd_telemetry.h"
@@ -57,6 +59,8 @@ struct opts {
 	__u32 conn_table_size; /* NAT connection-table entries, all workers together */
 	__u32 idle_sleep_us;
 	bool numa_strict;
+	enum fwd_bench bench;
+	const char *bench_frames; /* pcap whose frames circulate on port 0 (fwd_bench.h) */
 };
 
 static void usage(FILE *f)
@@ -65,7 +69,7 @@ static void usage(FILE *f)
 		"usage: " PROG " [EAL options] -- --port DEV[:TAP]... [--socket ENDPOINT]\n"
 		"       [--ring-size PRIME] [--flow-table-size N] [--flow-timeout S]\n"
 		"       [--conn-table-size N] [--netns NAME] [--idle-sleep-us N]\n"
-		"       [--numa strict|warn]\n"
+		"       [--numa strict|warn] [--bench-frames PCAP [--bench macswap|forget-flows]]\n"
 		"       [--log-level error|warn|info|debug]\n"
 		"DEV is a DPDK device name (net_af_xdp0, 0000:3b:00.0), TAP the net_tap vdev\n"
 		"that is its exception path to the kernel. The first --port is port 0.\n"
@@ -73,7 +77,11 @@ static void usage(FILE *f)
 		"--flow-table-size %u\n"
 		"          (per worker), --flow-timeout %u, --conn-table-size %u (entries, two\n"
 		"          per NAT connection, in each family's table, shared by the workers),\n"
-		"          --idle-sleep-us 0, --numa warn\n",
+		"          --idle-sleep-us 0, --numa warn\n"
+		"--bench-frames and --bench are for cost measurements only (hpclb.lab.dpdk_cost):\n"
+		"port 0 is a net_ring loop fed once with the frames of PCAP, which circulate;\n"
+		"--bench macswap sends every frame back with its MACs swapped, forget-flows\n"
+		"empties the flow table whenever it is half full.\n",
 		LB_RING_SIZE_DEFAULT, DEFAULT_FLOWS, DEFAULT_FLOW_TIMEOUT_S, LB_CONN_TABLE_DEFAULT);
 }
 
@@ -89,6 +97,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "netns", required_argument, NULL, 'n' },
 		{ "idle-sleep-us", required_argument, NULL, 'i' },
 		{ "numa", required_argument, NULL, 'N' },
+		{ "bench", required_argument, NULL, 'B' },
+		{ "bench-frames", required_argument, NULL, 'F' },
 		LB_DAEMON_OPTION_LOG_LEVEL,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -160,6 +170,19 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			}
 			o->numa_strict = !strcmp(optarg, "strict");
 			break;
+		case 'B':
+			if (!strcmp(optarg, "macswap")) {
+				o->bench = FWD_BENCH_MACSWAP;
+			} else if (!strcmp(optarg, "forget-flows")) {
+				o->bench = FWD_BENCH_FORGET_FLOWS;
+			} else {
+				lb_log(LB_LOG_ERR, "--bench must be macswap or forget-flows");
+				return -1;
+			}
+			break;
+		case 'F':
+			o->bench_frames = optarg;
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -174,6 +197,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (lb_daemon_check_operands(argc, argv))
 		return -1;
+	if (o->bench != FWD_BENCH_OFF && !o->bench_frames) {
+		lb_log(LB_LOG_ERR, "--bench needs --bench-frames (a memory-fed port)");
+		return -1;
+	}
 	if (!o->nports) {
 		lb_log(LB_LOG_ERR, "at least one --port is required");
 		usage(stderr);
@@ -228,6 +255,9 @@ static int start_workers(struct fwd_worker *workers, const struct opts *o,
 		w->nports = o->nports;
 		w->port_macs = macs;
 		w->idle_sleep_us = o->idle_sleep_us;
+		w->bench = o->bench;
+		w->bench_loop = o->bench_frames != NULL;
+		w->bench_frames = i == 0 ? o->bench_frames : NULL;
 		w->stop = &lb_daemon_stop;
 		w->counters = ctx.counters[i];
 		w->conns = ctx.conns;
@@ -387,6 +417,10 @@ int main(int argc, char **argv)
 	lb_log(LB_LOG_INFO, "%u worker(s), %u port(s), ring %u slots, %u flows per worker, "
 	       "%u NAT connection entries per family", nworkers, o.nports, o.common.ring_size,
 	       o.flow_table_size, o.conn_table_size);
+	if (o.bench_frames)
+		lb_log(LB_LOG_WARN, "--bench-frames%s: a cost measurement, not a load balancer",
+		       o.bench == FWD_BENCH_MACSWAP ? " --bench macswap" :
+		       o.bench == FWD_BENCH_FORGET_FLOWS ? " --bench forget-flows" : "");
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	clock_gettime(CLOCK_MONOTONIC, &t_ready);
 	lb_log(LB_LOG_INFO, "start-up: main at %lld.%06ld, EAL init %.1f ms, ports %.1f ms, "

@@ -82,25 +82,10 @@ static enum fwd_verdict arp(struct fwd_packet_ctx *c, __u8 *frame, __u32 len)
 /* The flow key from a parse that said LB_PARSE_OK on an untagged IPv4 frame:
  * the one place the key is built. Every byte is written (the address's other
  * 12 bytes and the pad are 0): the key is hashed and looked up as raw bytes. */
+/* The flow key of an IPv4 flow, as whole words (fwd_flow.h says why). */
 static inline void flow_key_v4(struct lb_flow_key *flow, const struct lb_parsed *p)
 {
-	memset(flow, 0, sizeof(*flow));
-	flow->saddr.v4 = p->src.v4;
-	flow->daddr.v4 = p->dst.v4;
-	flow->sport = p->sport;
-	flow->dport = p->dport;
-	flow->proto = p->proto;
-	flow->family = LB_FAMILY_V4;
-}
-
-/* The VIP key of an IPv4 flow, every byte written as in flow_key_v4. */
-static inline void vip_key_v4(struct lb_vip_key *vkey, const struct lb_flow_key *flow)
-{
-	memset(vkey, 0, sizeof(*vkey));
-	vkey->addr.v4 = flow->daddr.v4;
-	vkey->port = flow->dport;
-	vkey->proto = flow->proto;
-	vkey->family = LB_FAMILY_V4;
+	fwd_flow_key_v4(flow, p->src.v4, p->dst.v4, p->sport, p->dport, p->proto);
 }
 
 /* The flow key of an IPv6 flow: all 40 bytes written (the pad too), as the
@@ -900,7 +885,6 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, struct fwd_frame *f, __u32
 	struct lb_parsed pkt;
 	struct lb_flow_key flow;
 	const struct fwd_vip_slot *vip;
-	struct lb_vip_key vkey;
 
 	stat(c, LB_STAT_RX, len, FWD_DROP);
 	/* The same one-pass parse as lb.bpf.c: the data planes balance untagged
@@ -932,8 +916,7 @@ enum fwd_verdict fwd_packet(struct fwd_packet_ctx *c, struct fwd_frame *f, __u32
 		return stat(c, LB_STAT_DROP_MALFORMED, len, FWD_DROP);
 	}
 	flow_key_v4(&flow, &pkt);
-	vip_key_v4(&vkey, &flow);
-	vip = fwd_vip_lookup(t, &vkey);
+	vip = fwd_vip_lookup_v4(t, pkt.dst.v4, pkt.dport, pkt.proto);
 	if (!vip) {
 		/* A backend's reply to a NAT connection (lb_conn.h step 2):
 		 * looked up only while the table holds any. */

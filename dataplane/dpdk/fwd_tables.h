@@ -152,6 +152,29 @@ static inline const struct fwd_vip_slot *fwd_vip_lookup(const struct fwd_tables 
 	return NULL;
 }
 
+/* fwd_vip_lookup of an IPv4 key {daddr, dport, proto} given by value (the
+ * same hash, the same probe): the fast path compares the slot's fields with
+ * registers, where a key built on the stack field by field and then read back
+ * in wider loads stalls on store forwarding. */
+static inline const struct fwd_vip_slot *fwd_vip_lookup_v4(const struct fwd_tables *t,
+							   __u32 daddr, __u16 dport, __u8 proto)
+{
+	__u32 h = (daddr * 2654435761u) ^ ((__u32)dport << 8) ^ proto ^
+		  ((__u32)LB_FAMILY_V4 << 16);
+
+	for (__u32 n = 0; n < FWD_VIP_INDEX_SIZE; n++) {
+		const struct fwd_vip_slot *s = &t->vip_index[(h + n) % FWD_VIP_INDEX_SIZE];
+
+		if (!s->used)
+			return NULL;
+		if (s->key.addr.v6w[0] == daddr && s->key.port == dport && s->key.proto == proto &&
+		    s->key.family == LB_FAMILY_V4 && !s->key.addr.v6w[1] && !s->key.addr.v6w[2] &&
+		    !s->key.addr.v6w[3])
+			return s;
+	}
+	return NULL;
+}
+
 static inline bool fwd_is_vip_addr(const struct fwd_tables *t, __u32 addr)
 {
 	for (__u32 i = 0; i < t->n_arp_addrs && i < LB_MAX_VIPS; i++)

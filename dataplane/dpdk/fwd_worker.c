@@ -3,7 +3,9 @@
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
+#include <rte_prefetch.h>
 
+#include "fwd_bench.h"
 #include "fwd_packet.h"
 #include "fwd_worker.h"
 
@@ -11,6 +13,15 @@
 #define EXPIRE_EVERY 16     /* loop iterations between two expiry slices */
 #define EXPIRE_BUDGET 32    /* table positions looked at per slice (each table) */
 #define IDLE_LOOPS 256      /* empty loops before an idle worker sleeps */
+/* While the data ports deliver, the exception TAPs are read every this many
+ * loops rather than every loop: reading a TAP is a readv() system call even
+ * when it has nothing (net_tap), which on a busy worker cost more than the
+ * frames it forwarded (a profile of the worker at 200 kpps on net_af_xdp:
+ * readv and its kernel side more than a tenth of its time); 32 frames per
+ * TAP every 8 loops still carries far more than exception traffic. A worker
+ * whose data ports were idle in a loop reads them every loop. */
+#define KERNEL_POLL_EVERY 8
+#define PREFETCH_AHEAD 4    /* frames whose headers are fetched ahead of the one parsed */
 
 struct tx_buffer {
 	struct rte_mbuf *m[BURST];
@@ -59,6 +70,17 @@ static inline int fit(struct rte_mbuf *m, const struct fwd_frame *f)
 	return 0;
 }
 
+/* Where frames for the kernel go: the exception port; when it has none,
+ * nowhere (dropped), except in a --bench-frames loop, where they go back out
+ * of the data port as if a TAP had returned them at once, so that they keep
+ * circulating. */
+static inline uint16_t kernel_port(const struct fwd_worker *w, unsigned int in)
+{
+	const struct fwd_port *p = &w->ports[in];
+
+	return p->tap_id == FWD_NO_PORT && w->bench_loop ? p->data_id : p->tap_id;
+}
+
 /* One burst from the data port in_port: decide, then send by port. */
 static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, unsigned int in)
 {
@@ -73,11 +95,18 @@ static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, u
 		out[p].n = 0;
 	kernel.n = 0;
 	c->in_port = in;
+	for (uint16_t i = 0; i < n && i < PREFETCH_AHEAD; i++)
+		rte_prefetch0(rte_pktmbuf_mtod(pkts[i], void *));
 	for (uint16_t i = 0; i < n; i++) {
 		struct rte_mbuf *m = pkts[i];
 		struct fwd_frame f;
 		__u32 port = 0;
 		enum fwd_verdict v;
+
+		/* The headers of a frame a few ahead: a NIC wrote them by DMA,
+		 * so they are not in this core's cache yet. */
+		if (i + PREFETCH_AHEAD < n)
+			rte_prefetch0(rte_pktmbuf_mtod(pkts[i + PREFETCH_AHEAD], void *));
 
 		/* The parser reads one contiguous buffer. */
 		if (m->nb_segs > 1 && rte_pktmbuf_linearize(m)) {
@@ -114,7 +143,29 @@ static unsigned int data_burst(struct fwd_worker *w, struct fwd_packet_ctx *c, u
 		if (out[p].n)
 			flush(w, w->ports[p].data_id, &out[p]);
 	if (kernel.n)
-		flush(w, w->ports[in].tap_id, &kernel);
+		flush(w, kernel_port(w, in), &kernel);
+	return n;
+}
+
+/* --bench macswap: data_burst's I/O with the least per-frame work a
+ * forwarder does (swap the MACs, send back), so that the difference is
+ * fwd_packet's cost. */
+static unsigned int macswap_burst(struct fwd_worker *w, unsigned int in)
+{
+	struct tx_buffer out;
+	uint16_t n = rte_eth_rx_burst(w->ports[in].data_id, (uint16_t)w->index, out.m, BURST);
+
+	if (n == 0)
+		return 0;
+	for (uint16_t i = 0; i < n; i++) {
+		struct rte_ether_hdr *eth = rte_pktmbuf_mtod(out.m[i], struct rte_ether_hdr *);
+		struct rte_ether_addr tmp = eth->dst_addr;
+
+		eth->dst_addr = eth->src_addr;
+		eth->src_addr = tmp;
+	}
+	out.n = n;
+	flush(w, w->ports[in].data_id, &out);
 	return n;
 }
 
@@ -158,12 +209,24 @@ int fwd_worker_main(void *arg)
 		c.tables = fwd_tables_current(w->store);
 		c.now_tsc = tsc;
 		c.now_ns = (__u64)((double)tsc * 1e9 / (double)hz);
+		/* --bench-frames: the frames go on the loop once the tables are
+		 * in (before, fwd_packet would drop them), sent by the worker,
+		 * the loop's only sender. */
+		if (w->bench_frames && (c.tables->configured || w->bench == FWD_BENCH_MACSWAP)) {
+			if (fwd_bench_prime(w->ports[0].data_id, w->ports[0].pool, w->bench_frames,
+					    UINT32_MAX) <= 0)
+				*w->stop = 1;
+			w->bench_frames = NULL;
+			continue;
+		}
 		bool expire = ++loops % EXPIRE_EVERY == 0;
 
-		for (unsigned int p = 0; p < w->nports; p++) {
-			got += data_burst(w, &c, p);
-			got += kernel_burst(w, p);
-		}
+		for (unsigned int p = 0; p < w->nports; p++)
+			got += w->bench == FWD_BENCH_MACSWAP ? macswap_burst(w, p)
+							     : data_burst(w, &c, p);
+		if (!got || loops % KERNEL_POLL_EVERY == 0)
+			for (unsigned int p = 0; p < w->nports; p++)
+				got += kernel_burst(w, p);
 		/* Before the quiescent state: the sweep reads the timeouts from
 		 * this loop's tables. Skipped while a table is empty, which
 		 * keeps DSR-only loops as they were. Each table has its own
@@ -180,6 +243,11 @@ int fwd_worker_main(void *arg)
 			w->busy_loops++;
 			w->frames += got;
 		}
+		/* After the busy cycles are counted: emptying the table is the
+		 * measurement's doing, not the forwarder's. */
+		if (w->bench == FWD_BENCH_FORGET_FLOWS &&
+		    fwd_flow_count(&w->flows) >= w->flows.capacity / 2)
+			fwd_flow_reset(&w->flows);
 		w->total_cycles = rte_rdtsc() - started;
 		if (expire)
 			fwd_flow_expire(&w->flows, tsc, EXPIRE_BUDGET);

@@ -16,6 +16,20 @@
 #include "fwd_ports.h"
 #include "fwd_tables.h"
 
+/* Measurement modes (--bench), for the per-frame cost on memory-fed ports
+ * (control/hpclb/lab/dpdk_cost.py): never set on an appliance. */
+enum fwd_bench {
+	FWD_BENCH_OFF = 0,
+	/* Each frame's MACs swapped and sent back by the port it came in on,
+	 * with the same RX/TX bursts and accounting as the forwarding loop:
+	 * the loop's own cost, against which fwd_packet's is read. */
+	FWD_BENCH_MACSWAP,
+	/* The flow table is emptied (outside the busy cycles) whenever it is
+	 * half full, so a stream of more distinct flows than half the table
+	 * meets every flow as new, in a table that is never full. */
+	FWD_BENCH_FORGET_FLOWS,
+};
+
 struct fwd_worker {
 	unsigned int index;  /* RCU thread id and queue number on every port */
 	unsigned int lcore;
@@ -30,6 +44,9 @@ struct fwd_worker {
 	unsigned int nports;
 	const __u8 (*port_macs)[6];
 	unsigned int idle_sleep_us; /* 0: poll without pause (a dedicated core) */
+	enum fwd_bench bench;       /* FWD_BENCH_OFF but under a cost measurement */
+	bool bench_loop;            /* --bench-frames: frames circulate (fwd_bench.h) */
+	const char *bench_frames;   /* the pcap this worker puts on the loop, or NULL */
 	__u64 tx_dropped;           /* frames a full TX queue refused */
 	/* Where the worker's time goes (read by telemetry, written only here):
 	 * cycles of loops that moved frames, frames moved, all loop cycles. */
