@@ -26,6 +26,13 @@ that removing it removes exactly what was added)::
 Only a connection's first packet traverses the nat chains (conntrack does the rest),
 so a rule's counter counts connections, not packets. Needs ``nft`` (Debian package
 ``nftables``) and a kernel with nf_tables, nft_nat, nft_numgen, nft_hash, nft_masq.
+
+An IPv6 VIP (and IPv6 backends) makes the same table in the ``ip6`` family (``ip6
+daddr``, ``jhash ip6 saddr . th sport . ip6 daddr . th dport``); the two families'
+tables are separate objects, so each is removed on its own (``family=`` of the helpers
+below, 4 by default). ``drop_redirects`` adds an output chain that drops the ICMP(v6)
+redirects the kernel would send when it forwards out of the interface a packet came in
+on (the one-arm lab of ``hpclb.lab.peers``): IPv6 has no sysctl to stop sending them.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from hpclb.lab.gateway import CLUSTER_ETH
 from hpclb.lab.topology import Lab, LabError
 
 NFT_TABLE = "hpclb_kernel_nat"
+Family = Literal[4, 6]
 Balance = Literal["random", "jhash"]
 # jhash's seed: fixed, so that a run's placements are reproducible.
 JHASH_SEED = 0x68706C62
@@ -68,13 +76,15 @@ class KernelNat:
     out_ifname: str = CLUSTER_ETH
     seed: int = JHASH_SEED
     extra: Sequence[str] = field(default=())  # more rules for the prerouting chain
+    drop_redirects: bool = False  # an output chain dropping ICMP(v6) redirects
 
     def __post_init__(self) -> None:
-        ipaddress.IPv4Address(self.vip)
+        version = ipaddress.ip_address(self.vip).version
         if not self.backends:
             raise ValueError("kernel NAT needs at least one backend")
         for b in self.backends:
-            ipaddress.IPv4Address(b)
+            if ipaddress.ip_address(b).version != version:
+                raise ValueError(f"backend {b} is not of the VIP's family (IPv{version})")
         for port in (self.port, self.backend_port or self.port):
             if not 1 <= port <= 65535:
                 raise ValueError(f"port {port} not in 1..65535")
@@ -83,31 +93,46 @@ class KernelNat:
         if self.balance not in ("random", "jhash"):
             raise ValueError(f"balance must be random or jhash, got {self.balance!r}")
         if self.snat_to is not None:
-            ipaddress.IPv4Address(self.snat_to)
+            if ipaddress.ip_address(self.snat_to).version != version:
+                raise ValueError(f"snat_to {self.snat_to} is not of the VIP's family")
             if self.masquerade:
                 raise ValueError("masquerade or snat_to, not both")
         if not re.fullmatch(r"[a-zA-Z0-9_.-]{1,15}", self.out_ifname):
             raise ValueError(f"not an interface name: {self.out_ifname!r}")
 
+    @property
+    def family(self) -> Family:
+        return 6 if ipaddress.ip_address(self.vip).version == 6 else 4
+
+
+def nft_family(family: int) -> str:
+    """nftables' name of IP version ``family``: ``ip`` or ``ip6``."""
+    if family not in (4, 6):
+        raise ValueError(f"family must be 4 or 6, got {family}")
+    return "ip6" if family == 6 else "ip"
+
 
 def ruleset(nat: KernelNat) -> str:
-    """The nftables ruleset (``nft -f`` input) of ``nat``: one table, ``NFT_TABLE``."""
+    """The nftables ruleset (``nft -f`` input) of ``nat``: one table, ``NFT_TABLE``,
+    in the ``ip`` family (``ip6`` for an IPv6 VIP)."""
     n = len(nat.backends)
+    fam = nft_family(nat.family)
     if nat.backend_port is None or nat.backend_port == nat.port:
         target = "dnat to"
         entries = ", ".join(f"{i} : {b}" for i, b in enumerate(nat.backends))
     else:  # address and port from one map (a concatenation)
-        target = "dnat ip to"
+        target = f"dnat {fam} to"
         entries = ", ".join(f"{i} : {b} . {nat.backend_port}"
                             for i, b in enumerate(nat.backends))
     if nat.balance == "random":
         pick = f"numgen random mod {n}"
     else:
-        pick = f"jhash ip saddr . th sport . ip daddr . th dport mod {n} seed {nat.seed:#x}"
+        pick = (f"jhash {fam} saddr . th sport . {fam} daddr . th dport mod {n} "
+                f"seed {nat.seed:#x}")
     protos = ", ".join(nat.protocols)
-    match = f"ip daddr {nat.vip} meta l4proto {{ {protos} }} th dport {nat.port}"
+    match = f"{fam} daddr {nat.vip} meta l4proto {{ {protos} }} th dport {nat.port}"
     lines = [
-        f"table ip {NFT_TABLE} {{",
+        f"table {fam} {NFT_TABLE} {{",
         "    chain prerouting {",
         "        type nat hook prerouting priority dstnat; policy accept;",
         f"        {match} counter {target} {pick} map {{ {entries} }}",
@@ -120,6 +145,14 @@ def ruleset(nat: KernelNat) -> str:
             "    chain postrouting {",
             "        type nat hook postrouting priority srcnat; policy accept;",
             f'        oifname "{nat.out_ifname}" ct status dnat counter {source}',
+            "    }",
+        ]
+    if nat.drop_redirects:
+        icmp = "icmpv6 type nd-redirect" if nat.family == 6 else "icmp type redirect"
+        lines += [
+            "    chain output {",
+            "        type filter hook output priority filter; policy accept;",
+            f"        {icmp} counter drop",
             "    }",
         ]
     lines.append("}")
@@ -140,27 +173,30 @@ def install_kernel_nat(lab: Lab, nat: KernelNat) -> str:
     if reason is not None:
         raise LabError(reason)
     text = ruleset(nat)
-    remove_kernel_nat(lab)
+    remove_kernel_nat(lab, nat.family)
     lab.exec("lb", ["nft", "-f", "-"], input=text)
     return text
 
 
-def remove_kernel_nat(lab: Lab) -> bool:
-    """Delete the baseline's table from the appliance namespace; True when there was
-    one. Conntrack entries made under it stay until they expire or are flushed
-    (``flush_conntrack``)."""
-    res = lab.exec("lb", ["nft", "delete", "table", "ip", NFT_TABLE], check=False)
+def remove_kernel_nat(lab: Lab, family: int = 4) -> bool:
+    """Delete the baseline's table (of IP version ``family``) from the appliance
+    namespace; True when there was one. Conntrack entries made under it stay until
+    they expire or are flushed (``flush_conntrack``)."""
+    res = lab.exec("lb", ["nft", "delete", "table", nft_family(family), NFT_TABLE],
+                   check=False)
     return res.returncode == 0
 
 
-def kernel_nat_loaded(lab: Lab) -> bool:
-    return lab.exec("lb", ["nft", "list", "table", "ip", NFT_TABLE], check=False).returncode == 0
+def kernel_nat_loaded(lab: Lab, family: int = 4) -> bool:
+    return lab.exec("lb", ["nft", "list", "table", nft_family(family), NFT_TABLE],
+                    check=False).returncode == 0
 
 
-def rule_counters(lab: Lab) -> dict[str, int]:
+def rule_counters(lab: Lab, family: int = 4) -> dict[str, int]:
     """Packets counted by the baseline's rules: ``{"dnat": n, "masquerade": m}``
-    (or ``"snat"``; a rule's NAT statement names it); connections, as said above."""
-    out = lab.exec("lb", ["nft", "-j", "list", "table", "ip", NFT_TABLE]).stdout
+    (or ``"snat"``; a rule's NAT statement names it); connections, as said above.
+    The redirect-dropping rule (``drop_redirects``) is not counted here."""
+    out = lab.exec("lb", ["nft", "-j", "list", "table", nft_family(family), NFT_TABLE]).stdout
     counts: dict[str, int] = {}
     for item in json.loads(out)["nftables"]:
         rule = item.get("rule")
@@ -231,7 +267,11 @@ def _parse_conntrack(line: str) -> ConntrackEntry | None:
 
 
 def nat_for_lab(lab: Lab, vip: str | None = None, port: int = 8080, **kwargs: Any) -> KernelNat:
-    """The baseline for ``lab``: its first VIP (or ``vip``), ``port``, every backend."""
-    return KernelNat(vip=vip or lab.vips[0], port=port,
-                     backends=tuple(lab.backend_ip(i) for i in range(1, lab.backends + 1)),
-                     **kwargs)
+    """The baseline for ``lab``: its first VIP (or ``vip``), ``port``, every backend
+    (their IPv6 addresses for an IPv6 ``vip``)."""
+    vip = vip or lab.vips[0]
+    if ":" in vip:
+        backends = tuple(lab.ip6_of(f"b{i}") for i in range(1, lab.backends + 1))
+    else:
+        backends = tuple(lab.backend_ip(i) for i in range(1, lab.backends + 1))
+    return KernelNat(vip=vip, port=port, backends=backends, **kwargs)
