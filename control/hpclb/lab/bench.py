@@ -1,88 +1,73 @@
 """`hpclb bench`: forwarding rate of both data planes in the lab, against the
-testbed's ceiling.
+testbed's ceiling and the peers a user would pick instead.
 
-Same lab, same generator, same run, interleaved trials:
-  * ``reflect``: an XDP program that only swaps MACs and sends each frame back
-    (XDP_TX) on the appliance's interface — the ceiling of this testbed;
-  * ``xdp``: the real appliance (`hpclb run`, lb_xdp attached natively);
-  * ``dpdk``: the real appliance with the DPDK forwarder (net_af_xdp vdev on
-    the same veth, one busy-polling worker).
-Each data plane also gets its no-drop rate (NDR): full speed, then a binary
-search on trafgen's --rate until no frame is lost. Two more rows per data
-plane, on the same (dual-stack) lab in the same run: ``<plane>_ipv6``, IPv6
-DSR (64-byte IPv6 UDP frames to an IPv6 VIP), and ``<plane>_tunnel``, tunnel
-mode with IPIP (the same IPv4 frames, leaving 20 bytes longer inside an outer
-IPv4 header to an on-link backend); a data plane that cannot run a row has it
-reported with the reason instead of rates.
-trafgen in the client namespace sends 64-byte UDP frames to the VIP with a
-random source port each (many flows). Forwarded frames are counted where they
-land, the appliance's veth peer, which runs an XDP_DROP program so nothing
-downstream costs anything. Offered frames are counted by the appliance
-interface's XDP counters. Beside the path rates, each program's own cost per
-frame is timed in the kernel with BPF_PROG_TEST_RUN, and the DPDK worker's
-cycles per frame are read from its telemetry socket. Results (median of the
-trials, every trial, the conditions) go to a JSON file. This is a
-measurement, never a test assertion.
+One run, one lab, one generator; every subject (``hpclb.lab.subjects``: the
+``reflect`` ceiling, ``xdp``, ``dpdk`` and their ``_ipv6`` and ``_tunnel`` rows;
+``hpclb.lab.peers``: nftables DNAT, HAProxy) set up in turn, trials interleaved
+round by round so that a drift of the host spreads over all of them. Each round,
+each subject gets a trial at the generator's top rate; in the first round it also
+gets a no-drop / partial-drop rate search (``hpclb.lab.ndr.search_rates``, RFC 2544
+style, whose first trial is that line-rate one) and, for the data planes, the
+per-packet cost rows (``hpclb.lab.xdp_cost``, ``hpclb.lab.dpdk_cost``, and the
+in-run figures below). The generator is trafgen (``hpclb.lab.subjects``, decoupled
+from the path by threaded NAPI unless ``coupled``) or TRex (``hpclb.lab.trex``).
+Modules written beside this one (peers, TRex, the cost functions) are imported
+when used; one that is not there has its rows reported with the reason.
+
+Output (``hpclb.lab.bench_report``): ``<out>`` JSON with every trial and the
+conditions, PNG plots, ``<out>.md``. Ctrl-C (or SIGTERM) stops the run: the
+subject under way is stopped, the lab torn down, and what was measured written
+with ``"interrupted": true``. This is a measurement, never a test assertion.
+
+The dict-based trafgen trial (``run_generator``, ``settled_trial``,
+``ndr_search``) stays here for ``hpclb bench --mode nat`` and perf/packet_cost.py.
 """
 
 from __future__ import annotations
 
-import json
-import platform
-import re
+import contextlib
+import importlib
+import inspect
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+import traceback
 import uuid
-from collections.abc import Callable
-from importlib.resources import files
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
-
-from jinja2 import Template
 
 from hpclb.host import install
 from hpclb.lab import dpdk_telemetry
-from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance, LabApplianceError
+from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance
+from hpclb.lab.bench_report import BenchRecord, TrialProgress, host_conditions, write_all
 from hpclb.lab.bpf_testrun import PinnedXdpProgram
+from hpclb.lab.ndr import Trial, search_rates
+from hpclb.lab.subjects import (
+    TUNNEL_ROW,
+    ApplianceSubject,
+    Generator,
+    ReflectSubject,
+    Subject,
+    SubjectUnavailable,
+    TrafgenGenerator,
+    appliance_subjects,
+    write_trafgen_config,
+    xdp_counters,
+    xdp_packets,
+)
 from hpclb.lab.topology import Lab
 
-TRAFGEN_TEMPLATE = "templates/trafgen_udp64.cfg.j2"  # package data of hpclb
-TRAFGEN_TEMPLATE6 = "templates/trafgen_udp6.cfg.j2"  # the same over IPv6
-# The tunnel row's outer source prefix (hpclb.lab.appliance.LAB_TUNNEL_SOURCE).
-TUNNEL_ROW = {"encap": "ipip", "source": "198.18.0.240/28"}
-
-
-def write_trafgen_config(lab: Lab, path: Path, flows: int, dst_ip: str = LAB_VIP,
-                         dport: int = LAB_PORT) -> Path:
-    """trafgen's configuration at ``path``: 64-byte UDP frames from the client
-    to ``dst_ip`` (the VIP; an IPv6 one takes the IPv6 template and the client's
-    IPv6 address) through the appliance's MAC, source ports 1024.. over
-    ``flows`` flows."""
-    v6 = ":" in dst_ip
-    template = TRAFGEN_TEMPLATE6 if v6 else TRAFGEN_TEMPLATE
-    path.write_text(Template(files("hpclb").joinpath(template).read_text()).render(
-        dst_mac=lab.mac("lb"), src_mac=lab.mac("cli"),
-        src_ip=lab.ip6_of("cli") if v6 else lab.ip_of("cli"),
-        dst_ip=dst_ip, dport=dport, sport_first=1024, flows=flows,
-    ))
-    return path
-
-
-def xdp_counters(lab: Lab, ns: str, ifname: str) -> dict[str, int]:
-    """Sum of a veth's per-queue XDP counters (ethtool -S)."""
-    out = lab.exec(ns, ["ethtool", "-S", ifname]).stdout
-    totals: dict[str, int] = {}
-    for name, value in re.findall(r"rx_queue_\d+_(xdp_\w+):\s+(\d+)", out):
-        totals[name] = totals.get(name, 0) + int(value)
-    return totals
-
-
-def xdp_packets(lab: Lab, ns: str, ifname: str) -> int:
-    """Frames an XDP program on a veth has seen (its rx XDP counter)."""
-    return xdp_counters(lab, ns, ifname).get("xdp_packets", 0)
-
+__all__ = [
+    "ALL_SUBJECTS", "TUNNEL_ROW", "dpdk_worker_cost", "ndr_search", "run_bench",
+    "run_generator", "settled_trial", "udp_frame", "write_trafgen_config", "xdp_counters",
+    "xdp_packets",
+]
 
 def run_generator(lab: Lab, cfg: Path, seconds: float, rate_pps: float | None,
                   offered: Callable[[], int], forwarded: Callable[[], int],
@@ -208,10 +193,6 @@ def ndr_search(trial: Callable[[float | None], dict[str, float]],
     return {"ndr_pps": best, "search": tried}
 
 
-def _ndr(lab: Lab, cfg: Path, seconds: float, steps: int) -> dict[str, Any]:
-    return ndr_search(lambda rate: settled_trial(lab, cfg, seconds, rate), steps)
-
-
 def _row_cost(cost: dict[str, Any], kind: str, appliance: LabAppliance, lab: Lab, vip: str,
               frame: bytes) -> None:
     """A row's per-frame cost: lb_xdp's own (BPF_PROG_TEST_RUN) on the row's frame,
@@ -249,117 +230,335 @@ def dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
     }
 
 
-# The rows beside the IPv4 DSR ones: (row, data plane, VIP the generator aims at,
-# LabAppliance options).
-EXTRA_ROWS: tuple[tuple[str, str, str, dict[str, Any]], ...] = tuple(
-    row for plane in ("xdp", "dpdk") for row in (
-        (f"{plane}_ipv6", plane, LAB_VIP6, {"vips": (LAB_VIP6,)}),
-        (f"{plane}_tunnel", plane, LAB_VIP,
-         {"mode": "tunnel", "vips": (LAB_VIP,), "tunnel": TUNNEL_ROW}),
-    ))
+
+
+# ---------------------------------------------------------------- the runner
+
+# Every subject by row name, in the order a round runs them.
+APPLIANCE_ROWS = ("xdp", "dpdk", "xdp_ipv6", "xdp_tunnel", "dpdk_ipv6", "dpdk_tunnel")
+NFTABLES = "nftables_dnat"
+ALL_SUBJECTS = ("reflect", *APPLIANCE_ROWS, NFTABLES, "haproxy_tcp")
+XDP_COST_REPEAT = 1_000_000
+
+
+def lazy(module: str, attr: str) -> tuple[Any, str | None]:
+    """``module.attr``, or None and why not (the module is written beside this
+    one and may not be there yet)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name and module.startswith(err.name):
+            return None, f"{module} is not in this tree"
+        raise
+    found = getattr(mod, attr, None)
+    return (found, None) if found is not None else (None, f"{module} has no {attr}")
+
+
+def call_with(fn: Callable[..., Any], /, *args: Any, **available: Any) -> Any:
+    """``fn(*args, **those of available it takes)``: the runner offers what it
+    has (lab, workdir, flows...) to functions and classes written beside it."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(*args, **available)
+    return fn(*args, **{k: v for k, v in available.items() if k in params})
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the run as Ctrl-C does: stop, tear down, write what was measured."""
+    def raise_interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def make_generator(kind: str, lab: Lab, workdir: Path, flows: int, *, coupled: bool,
+                   trex_server: str | None, trex_dir: Path | None,
+                   latency: bool) -> Generator:
+    if kind == "trafgen":
+        return TrafgenGenerator(lab, workdir, flows, decoupled=not coupled,
+                                vips=(LAB_VIP, LAB_VIP6))
+    if kind == "trex":
+        cls, why = lazy("hpclb.lab.trex", "TrexGenerator")
+        if cls is None:
+            raise SubjectUnavailable(f"TRex generator: {why}")
+        try:
+            gen: Generator = call_with(cls, lab, workdir, flows=flows, server=trex_server,
+                                       trex_dir=trex_dir, latency=latency,
+                                       decoupled=not coupled)
+        except (OSError, RuntimeError, ValueError) as err:
+            raise SubjectUnavailable(f"TRex generator: {err}") from err
+        return gen
+    raise ValueError(f"generator must be trafgen or trex, got {kind!r}")
+
+
+def make_subjects(lab: Lab, workdir: Path, wanted: tuple[str, ...],
+                  not_run: dict[str, str]) -> list[Subject]:
+    """The packet-rate subjects asked for (the reflector always: every ratio is to
+    it); a peer whose module is not there goes to ``not_run`` with the reason."""
+    subjects: list[Subject] = [ReflectSubject(lab)]
+    for row in appliance_subjects(lab, workdir, LAB_VIP6):
+        if row.name in wanted:
+            subjects.append(row)
+    if NFTABLES in wanted:
+        cls, why = lazy("hpclb.lab.peers", "NftablesDnat")
+        if cls is None:
+            not_run[NFTABLES] = why or "unknown"
+        else:
+            subjects.append(cls(lab, "random", name=NFTABLES))
+    return subjects
+
+
+def connection_rates(lab: Lab, workdir: Path, wanted: tuple[str, ...], seconds: float,
+                     record: BenchRecord) -> None:
+    """New TCP connections per second through hpclb (DSR), nftables DNAT (with
+    masquerade: one-arm, the backends must answer through it) and HAProxy, beside
+    the client connecting to the backends directly (``hpclb.lab.peers``). The
+    sink gives way to XDP_PASS on the appliance's peer: the backends must get the
+    frames."""
+    fn, why = lazy("hpclb.lab.peers", "compare_connection_rates")
+    if fn is None:
+        record.connections["skipped"] = why
+        return
+    peers = importlib.import_module("hpclb.lab.peers")
+    subjects: list[Any] = [row for row in appliance_subjects(lab, workdir / "cps", LAB_VIP6)
+                           if row.name in ("xdp", "dpdk") and row.name in wanted]
+    if NFTABLES in wanted:
+        subjects.append(peers.NftablesDnat(lab, "random", masquerade=True,
+                                           name=f"{NFTABLES}_masq"))
+    if "haproxy_tcp" in wanted:
+        subjects.append(peers.HaproxyTcp(lab, start_backends=False))
+    _replace_peer_program(lab, "pass.bpf.o")
+    try:
+        lab.start_backends(LAB_PORT)
+        record.connections.update(fn(lab, seconds, subjects))
+    except Exception as err:  # a failed phase is reported; the rest is kept
+        record.connections["error"] = f"{type(err).__name__}: {err}"
+    finally:
+        for i in range(1, lab.backends + 1):
+            with contextlib.suppress(Exception):
+                lab.stop_backend(i, LAB_PORT)
+        _replace_peer_program(lab, "sink.bpf.o")
+
+
+def _replace_peer_program(lab: Lab, obj: str) -> None:
+    """Swap the XDP program on the appliance's veth peer (the sink, XDP_PASS)."""
+    subprocess.run(["ip", "-n", lab.bridge_ns, "link", "set", "dev", lab.peer("lb"), "xdp",
+                    "off"], capture_output=True, check=False, timeout=30)
+    lab.attach_xdp_pass(lab.peer("lb"), install.find(obj))
 
 
 def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 50000,
-              ndr_steps: int = 6) -> int:
-    """Forwarding rate of the XDP and the DPDK data planes against the
-    testbed's ceiling, in one run on one lab, with trials interleaved; IPv6 DSR
-    and IPIP tunnel rows for each plane beside them."""
-    kinds = ("reflect", "xdp", "dpdk", *(row[0] for row in EXTRA_ROWS))
-    results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
-    ndr: dict[str, dict[str, Any]] = {}
-    cost: dict[str, Any] = {}
-    refused: dict[str, str] = {}  # row -> why its data plane could not run it
-    weights = {"b1": 1.0, "b2": 1.0, "b3": 1.0}
-    with tempfile.TemporaryDirectory(prefix="hpclb-bench-") as tmp, \
-            Lab(prefix=f"bn{uuid.uuid4().hex[:6]}", backends=3, ipv6=True) as lab:
-        workdir = Path(tmp)
-        reflect_obj = install.find("reflect.bpf.o")
-        lab.attach_xdp_pass(lab.peer("lb"), install.find("sink.bpf.o"))
-        cfg = write_trafgen_config(lab, workdir / "udp64.cfg", flows)
-        cfgs = {LAB_VIP: cfg, LAB_VIP6: write_trafgen_config(lab, workdir / "udp6.cfg", flows,
-                                                             dst_ip=LAB_VIP6)}
-        frame = udp_frame(lab, 40000)
-        rows = [(k, k, LAB_VIP, {}) for k in ("xdp", "dpdk")] + list(EXTRA_ROWS)
-        for n in range(trials):
-            lab.attach_xdp("lb", "eth0", reflect_obj)
-            results["reflect"].append(settled_trial(lab, cfg, seconds, None))
-            lab.detach_xdp("lb", "eth0")
-            for kind, plane, vip, options in rows:
-                if kind in refused:
-                    continue
-                appliance_dir = workdir / f"{kind}{n}"
-                appliance_dir.mkdir()
-                # DPDK busy-polls here, as on an appliance: its worker owns a core.
-                appliance = LabAppliance(lab, appliance_dir, weights, static_macs=True,
-                                         dataplane=plane, dpdk_idle_sleep_us=0, **options)
-                try:
-                    appliance.start()
-                except LabApplianceError as err:
-                    appliance.stop()
-                    if kind in ("xdp", "dpdk"):
-                        raise
-                    refused[kind] = str(err)[-1500:]
-                    print(f"{kind}: the appliance did not start, row skipped", flush=True)
-                    continue
-                try:
-                    results[kind].append(settled_trial(lab, cfgs[vip], seconds, None))
-                    if n == 0:
-                        ndr[kind] = _ndr(lab, cfgs[vip], seconds, ndr_steps)
-                        _row_cost(cost, kind, appliance, lab, vip, frame)
-                finally:
-                    appliance.stop()
-            print(f"trial {n + 1}/{trials}: " + ", ".join(
-                f"{k} {results[k][-1]['forwarded_pps']:,.0f} pps "
-                f"(lost {results[k][-1]['lost']:.0f})" for k in kinds if results[k]),
-                flush=True)
+              ndr_steps: int = 6, *, pdr_loss: float = 0.005, resolution: float = 0.01,
+              generator: str = "trafgen", trex_server: str | None = None,
+              trex_dir: Path | None = None, peers: tuple[str, ...] | None = None,
+              coupled: bool = False, latency: bool = True, prefix: str | None = None,
+              progress: bool = True, costs: bool = True, cps_seconds: float = 2.0) -> int:
+    """Every subject against the generator, ``trials`` rounds interleaved, a
+    search of up to ``ndr_steps`` binary steps after the line-rate trial in the
+    first; writes ``out``, its plots and ``out.md``. 0, or 130 when interrupted."""
+    wanted = tuple(peers) if peers else ALL_SUBJECTS
+    unknown = set(wanted) - set(ALL_SUBJECTS)
+    if unknown:
+        raise ValueError(f"unknown subjects {sorted(unknown)}; known: {', '.join(ALL_SUBJECTS)}")
+    record = BenchRecord(conditions={
+        **host_conditions(), "seconds_per_trial": seconds, "trials": trials,
+        "cps_seconds": cps_seconds,
+        "pdr_loss": pdr_loss, "resolution": resolution, "max_search_trials": ndr_steps + 1,
+        "subjects_asked": list(wanted),
+    })
+    n_subjects = 1 + sum(1 for w in wanted if w not in ("reflect", "haproxy_tcp"))
+    bar = TrialProgress(total=1 + n_subjects * (trials + ndr_steps), enabled=progress)
+    failed = False
+    with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="hpclb-bench-") as tmp:
+        try:
+            with Lab(prefix=prefix or f"bn{uuid.uuid4().hex[:6]}", backends=3,
+                     ipv6=True) as lab, bar.shown():
+                _run(lab, Path(tmp), record, bar, seconds=seconds, trials=trials,
+                     flows=flows, ndr_steps=ndr_steps, pdr_loss=pdr_loss,
+                     resolution=resolution, generator=generator, trex_server=trex_server,
+                     trex_dir=trex_dir, wanted=wanted, coupled=coupled, latency=latency,
+                     costs=costs, cps_seconds=cps_seconds)
+        except KeyboardInterrupt:
+            record.interrupted = True
+        except Exception as err:
+            # Whatever failed, what was measured before it is written, with the error.
+            record.conditions["error"] = traceback.format_exc()[-4000:]
+            print(f"hpclb bench: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            failed = True
+    paths = write_all(record, out)
+    doc = record.to_json()
+    print(_summary_line(doc), flush=True)
+    print("written: " + ", ".join(str(p) for p in paths), flush=True)
+    return 130 if record.interrupted else 1 if failed else 0
 
-    median = {k: statistics.median(t["forwarded_pps"] for t in v)
-              for k, v in results.items() if v}
-    report: dict[str, Any] = {
-        "benchmark": "forwarding_udp64",
-        "conditions": {
-            "frame_bytes": 64,
-            "flows": flows,
-            "generator": "trafgen, 1 process, client namespace, through a Linux bridge",
-            "reflect": "XDP program swapping MACs, XDP_TX on the appliance veth: the ceiling",
-            "xdp": "hpclb run + hpclb-xdp, lb_xdp attached natively, XDP_TX one-arm DSR",
-            "dpdk": ("hpclb run + hpclb-dpdk, net_af_xdp vdev on the appliance veth (copy "
-                     "mode, queue 0), 1 worker lcore busy-polling, one-arm DSR"),
-            "measured_at": "appliance veth peer (XDP_DROP sink) rx XDP counter; offered at "
-                           "the appliance veth's rx XDP counter, read 0.5 s after each trial",
-            "ndr": "no frame lost; full speed first, then a binary search with trafgen --rate",
-            "ipv6_rows": ("<plane>_ipv6: IPv6 DSR, 64-byte IPv6 UDP frames (14+40+8+2) to "
-                          "an IPv6 VIP, the lab in dual stack"),
-            "tunnel_rows": ("<plane>_tunnel: tunnel mode, IPIP from 198.18.0.240/28 (4 "
-                            "flow bits), the generator's IPv4 frames leave 20 bytes longer "
-                            "(84) to the backends' MACs; counted at the same sink"),
-            "seconds_per_trial": seconds,
-            "trials": trials,
-            "kernel": platform.release(),
-            "cpus": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
-        },
-        "median_forwarded_pps": median,
-        "ndr_pps": {k: v["ndr_pps"] for k, v in ndr.items()},
-        "ratio_dpdk_to_xdp": {
-            "median_forwarded": median["dpdk"] / median["xdp"] if median["xdp"] else None,
-            "ndr": (ndr["dpdk"]["ndr_pps"] / ndr["xdp"]["ndr_pps"]
-                    if ndr.get("xdp", {}).get("ndr_pps") else None),
-        },
-        "ratio_to_reflect": {k: median[k] / median["reflect"] if median["reflect"] else None
-                             for k in kinds if k != "reflect" and k in median},
-        "ratio_to_ipv4_dsr": {k: (median[k] / median[k.split("_")[0]]
-                                  if median.get(k.split("_")[0]) else None)
-                              for k, *_ in EXTRA_ROWS if k in median},
-        "rows_not_run": refused,
-        "cost": cost,
-        "trials": results,
-        "ndr_search": {k: v["search"] for k, v in ndr.items()},
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: report[k] for k in ("median_forwarded_pps", "ndr_pps",
-                                             "ratio_dpdk_to_xdp", "ratio_to_reflect",
-                                             "ratio_to_ipv4_dsr", "rows_not_run", "cost")},
-                     indent=1))
-    print(f"written to {out}")
-    return 0
+
+def _summary_line(doc: dict[str, Any]) -> str:
+    parts = []
+    for name, sub in doc["subjects"].items():
+        s = sub["search"] or {}
+        med = doc["median_forwarded_pps"].get(name)
+        parts.append(f"{name}: NDR {s.get('ndr_pps') or 0:,.0f} PDR {s.get('pdr_pps') or 0:,.0f}"
+                     f" line {med or 0:,.0f} pps")
+    head = "interrupted; " if doc["interrupted"] else ""
+    return head + "; ".join(parts)
+
+
+def _run(lab: Lab, workdir: Path, record: BenchRecord, bar: TrialProgress, *,
+         seconds: float, trials: int, flows: int, ndr_steps: int, pdr_loss: float,
+         resolution: float, generator: str, trex_server: str | None,
+         trex_dir: Path | None, wanted: tuple[str, ...], coupled: bool, latency: bool,
+         costs: bool, cps_seconds: float) -> None:
+    subjects = make_subjects(lab, workdir, wanted, record.not_run)
+    gen = make_generator(generator, lab, workdir, flows, coupled=coupled,
+                         trex_server=trex_server, trex_dir=trex_dir, latency=latency)
+    try:
+        if gen.name == "trafgen":
+            # Forwarded frames land on the appliance's veth peer and end there
+            # (XDP_DROP), counted; TRex takes that veth as its port instead.
+            lab.attach_xdp_pass(lab.peer("lb"), install.find("sink.bpf.o"))
+        record.conditions["generator"] = {"name": gen.name, **gen.conditions()}
+        decoupled = bool(record.conditions["generator"].get("decoupled", True))
+        record.marginal_mode = (
+            "decoupled: ns per packet on the path's core, saturated" if decoupled else
+            "coupled: generator and path share one core, saturated")
+        calibrate = getattr(gen, "calibrate", None)
+        if calibrate is not None:
+            # The generator's top, measured against the ceiling.
+            reflect = subjects[0]
+            reflect.start()
+            try:
+                bar.step("calibrating the generator")
+                calibrate(seconds)
+                bar.done("calibrated")
+            finally:
+                _stop(reflect, record)
+            record.conditions["generator"] = {"name": gen.name, **gen.conditions()}
+        frame = udp_frame(lab, 40000)
+        for n in range(trials):
+            for subject in subjects:
+                if subject.name in record.not_run:
+                    continue
+                _round(lab, gen, subject, record, bar, n=n, seconds=seconds,
+                       ndr_steps=ndr_steps, pdr_loss=pdr_loss, resolution=resolution,
+                       frame=frame, costs=costs)
+    finally:
+        try:
+            gen.close()
+        except Exception as err:  # the lab may be gone already (Ctrl-C)
+            record.conditions.setdefault("errors", []).append(f"generator close: {err}")
+    # After the generator has given the lab back (TRex holds the appliance's
+    # veth peer off the bridge while it runs).
+    if costs and any(s.name.startswith("dpdk") for s in subjects):
+        bar.step("DPDK worker on memory-fed ports")
+        _dpdk_cost(record, lab, workdir)
+    if cps_seconds > 0 and {"xdp", "dpdk", NFTABLES, "haproxy_tcp"} & set(wanted):
+        bar.step("new connections per second")
+        connection_rates(lab, workdir, wanted, cps_seconds, record)
+
+
+def _round(lab: Lab, gen: Generator, subject: Subject, record: BenchRecord,
+           bar: TrialProgress, *, n: int, seconds: float, ndr_steps: int, pdr_loss: float,
+           resolution: float, frame: bytes, costs: bool) -> None:
+    name = subject.name
+    bar.step(f"{name}: starting")
+    try:
+        subject.start()
+    except SubjectUnavailable as err:
+        record.not_run[name] = str(err)
+        bar.done(f"{name}: not run")
+        return
+    try:
+        rec = record.subject(name, subject.conditions())
+        aim = getattr(gen, "aim", None)
+        if aim is not None:
+            try:
+                aim(getattr(subject, "vip", LAB_VIP))
+            except ValueError as err:  # e.g. a generator without IPv6
+                record.not_run[name] = f"{gen.name}: {err}"
+                record.subjects.pop(name, None)
+                return
+        if "pps" not in getattr(subject, "measures", ("pps",)):
+            return
+
+        def trial(rate: float | None) -> Trial:
+            bar.step(f"{name} round {n + 1}: " + (
+                "line rate" if rate is None else f"{rate:,.0f} pps"))
+            t = gen.trial(rate, seconds)
+            bar.done(f"{name}: {t.forwarded_pps:,.0f} pps, loss {t.loss_ratio:.3%}")
+            return t
+
+        sample = trial(None)
+        rec.samples.append(sample)
+        if n == 0:
+            first = [sample]
+
+            def searched(rate: float) -> Trial:
+                if first:
+                    return first.pop()
+                full = gen.line_rate_pps > 0 and rate >= gen.line_rate_pps * 0.999
+                return trial(None if full else rate)
+
+            line = gen.line_rate_pps if gen.line_rate_pps > 0 else sample.offered_pps
+            rec.search = search_rates(searched, max(line, 1.0), pdr_loss=pdr_loss,
+                                      resolution=resolution, max_trials=ndr_steps + 1)
+            if costs:
+                _subject_cost(record, rec.cost, subject, lab, frame)
+    finally:
+        _stop(subject, record)
+
+
+def _stop(subject: Subject, record: BenchRecord) -> None:
+    """Stop a subject; a failure is recorded, never raised over what is under way
+    (after Ctrl-C the lab is already torn down, and the interrupt must go on)."""
+    try:
+        subject.stop()
+    except Exception as err:
+        record.conditions.setdefault("errors", []).append(
+            f"{subject.name} stop: {type(err).__name__}: {err}")
+
+
+def _subject_cost(record: BenchRecord, cost: dict[str, Any], subject: Subject, lab: Lab,
+                  frame: bytes) -> None:
+    """The data plane's own per-packet cost while its subject runs: the in-run
+    figures (BPF_PROG_TEST_RUN of the attached lb_xdp, the DPDK worker's cycles
+    under the load just offered) and, for ``xdp``, hpclb.lab.xdp_cost's rows."""
+    if not isinstance(subject, ApplianceSubject) or subject.appliance is None:
+        return
+    appliance = subject.appliance
+    try:
+        _row_cost(cost, subject.name, appliance, lab, subject.vip, frame)
+    except Exception as err:  # a cost row must not end the run
+        cost["error"] = f"{type(err).__name__}: {err}"
+    if subject.name != "xdp":
+        return
+    fn, why = lazy("hpclb.lab.xdp_cost", "measure_xdp_cost")
+    if fn is None:
+        record.cost["xdp"] = {"skipped": why}
+        return
+    try:
+        record.cost["xdp"] = call_with(fn, lab, appliance, repeat=XDP_COST_REPEAT)
+    except Exception as err:
+        record.cost["xdp"] = {"skipped": f"{type(err).__name__}: {err}"}
+
+
+def _dpdk_cost(record: BenchRecord, lab: Lab, workdir: Path) -> None:
+    """hpclb.lab.dpdk_cost's rows: the worker on memory-fed ports, no kernel in
+    the path (no subject running)."""
+    fn, why = lazy("hpclb.lab.dpdk_cost", "measure_dpdk_cost")
+    if fn is None:
+        record.cost["dpdk"] = {"skipped": why}
+        return
+    try:
+        record.cost["dpdk"] = call_with(fn, lab=lab, workdir=workdir / "dpdk-cost")
+    except Exception as err:
+        record.cost["dpdk"] = {"skipped": f"{type(err).__name__}: {err}"}
+
