@@ -175,11 +175,26 @@ def test_cli_bench_control(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     module = types.ModuleType("hpclb.lab.control_bench")
 
-    def run_control_bench(out: Path, quick: bool = False, progress: bool = True) -> int:
-        seen.update(out=out, quick=quick, progress=progress)
+    def run_control_bench(out: Path, quick: bool = False, progress: bool = True,
+                          **overrides: Any) -> int:
+        seen.update(out=out, quick=quick, progress=progress, **overrides)
+        if overrides.get("parts") == ["bogus"]:
+            raise ValueError("parts: ['bogus'] not among maglev, slots")
         return 0
     module.run_control_bench = run_control_bench  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "hpclb.lab.control_bench", module)
     args = _parse(["bench", "control", "--quick", "--out", "/tmp/c.json"])
     assert args.func(args) == 0
-    assert seen == {"out": Path("/tmp/c.json"), "quick": True, "progress": True}
+    assert seen == {"out": Path("/tmp/c.json"), "quick": True, "progress": True,
+                    "parts": None, "sizes": None}
+    seen.clear()
+    args = _parse(["bench", "control", "--parts", "maglev, slots", "--sizes", "10,100"])
+    assert args.func(args) == 0
+    assert seen["parts"] == ["maglev", "slots"] and seen["sizes"] == [10, 100]
+    # A bad option is a clear CLI error, not a traceback.
+    with pytest.raises(SystemExit, match="bogus"):
+        args = _parse(["bench", "control", "--parts", "bogus"])
+        args.func(args)
+    with pytest.raises(SystemExit, match="invalid literal"):
+        args = _parse(["bench", "control", "--sizes", "ten"])
+        args.func(args)

@@ -26,10 +26,15 @@ What the ring must give, and how this builder gives it:
   The backends take turns in rounds, in name-hash order, and a backend stops
   at its quota; with equal weights this is Maglev's round robin, and with
   unequal weights the heavier backends' extra claims come last, after the
-  others have stopped, so a weight *increase* changes only the end of the fill
-  (exactly the minimum number of slots, the quota change). Because a
-  backend's preferences do not depend on who else is present, removing a
-  backend mostly hands its own slots to others.
+  others have stopped. So from *equal* weights a weight *increase* changes
+  only the end of the fill: exactly the minimum number of slots, the quota
+  change (one of 10 equal backends 1.0 -> 1.5: 2,808 slots, minimum 2,808;
+  one of 100: 323 / 323). From unequal weights that no longer holds: the
+  heavier backend's larger quota shrinks every other quota, so the others
+  stop earlier, in the middle rounds, and the claims after them shift as a
+  decrease's do; an increase then costs about as much as a decrease (below).
+  Because a backend's preferences do not depend on who else is present,
+  removing a backend mostly hands its own slots to others.
 
   Maglev is not minimal, though: a removal (or a weight decrease) shifts later
   claims, and those shifts cascade to the end of the fill; the more backends,
@@ -40,9 +45,14 @@ What the ring must give, and how this builder gives it:
   to about 140 backends. A larger ring helps less than the usual
   "size >= 100 * N" advice suggests: N = 1000 at size 650011 is still 4.4x.
   A weight decrease by 10% moves 1.1x (N = 10) to 7x (N = 1000) the minimum.
-  perf/reaction_time.py measured random single-node steps (up or down, >= 0.04):
-  1.5x the minimum at N = 10, 2.2x at N = 100, 8x at N = 1000 (p50).
-  ``tests/unit/test_maglev.py`` pins these numbers down.
+  From unequal weights (the live policy's: weight 0.625 - 0.4 * cpu_load on the
+  1/256 grid), single-backend steps of cpu_load >= 0.1, up or down, moved
+  (``hpclb bench control``'s ``slots`` part, 50 steps per size, p50 of slots
+  changed / minimum): 1.48x at N = 10, 2.13x at N = 100, 7.79x at N = 1000,
+  12.33x at N = 10,000; increases alone 1.48x, 2.08x, 8.09x, 12.17x, decreases
+  alone 1.48x, 2.18x, 7.66x, 12.75x. ``tests/unit/test_maglev.py`` pins the
+  equal-weight numbers down (an increase from equal weights: exactly the
+  minimum).
 
 How a ring travels to the data plane once built (only the slots whose owner
 changed) is the contract's business: :mod:`hpclb.contract.ringdiff`.

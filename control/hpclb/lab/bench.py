@@ -237,7 +237,7 @@ def dpdk_worker_cost(appliance: LabAppliance) -> dict[str, float]:
 # Every subject by row name, in the order a round runs them.
 APPLIANCE_ROWS = ("xdp", "dpdk", "xdp_ipv6", "xdp_tunnel", "dpdk_ipv6", "dpdk_tunnel")
 NFTABLES = "nftables_dnat"
-ALL_SUBJECTS = ("reflect", *APPLIANCE_ROWS, NFTABLES, "haproxy_tcp")
+ALL_SUBJECTS = ("reflect", *APPLIANCE_ROWS, NFTABLES, "haproxy_tcp", "ipvs")
 XDP_COST_REPEAT = 1_000_000
 
 
@@ -314,6 +314,14 @@ def make_subjects(lab: Lab, workdir: Path, wanted: tuple[str, ...],
             not_run[NFTABLES] = why or "unknown"
         else:
             subjects.append(cls(lab, "random", name=NFTABLES))
+    if "ipvs" in wanted:
+        # Only detected: where the kernel lacks ip_vs (this lab's), its start()
+        # reports the evidence and the row says why it was not run.
+        cls, why = lazy("hpclb.lab.peers", "Ipvs")
+        if cls is None:
+            not_run["ipvs"] = why or "unknown"
+        else:
+            subjects.append(cls(lab))
     return subjects
 
 

@@ -57,8 +57,14 @@ def _cmd_bench_control(args: argparse.Namespace) -> int:
         from hpclb.lab.control_bench import run_control_bench
     except ImportError as err:
         raise SystemExit(f"hpclb bench control: not in this tree ({err})") from err
-    return run_control_bench(args.out or DEFAULT_CONTROL_OUT, quick=args.quick,
-                             progress=not args.no_progress)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()] if args.parts else None
+    try:
+        sizes = ([int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes
+                 else None)
+        return run_control_bench(args.out or DEFAULT_CONTROL_OUT, quick=args.quick,
+                                 progress=not args.no_progress, parts=parts, sizes=sizes)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"hpclb bench control: {err}") from None
 
 
 def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,7 +117,7 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                    help="--generator trex: a built TRex tree (default: $HPCLB_TREX_DIR)")
     p.add_argument("--peers", default=None,
                    help="comma-separated subjects among reflect, xdp, dpdk, xdp_ipv6, "
-                        "xdp_tunnel, dpdk_ipv6, dpdk_tunnel, nftables_dnat, haproxy_tcp "
+                        "xdp_tunnel, dpdk_ipv6, dpdk_tunnel, nftables_dnat, haproxy_tcp, ipvs "
                         "(default: all; the reflector always runs; one that cannot run here "
                         "is reported with the reason)")
     p.add_argument("--coupled", action="store_true",
@@ -122,6 +128,12 @@ def add_lab_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                    help="--generator trex: a latency stream beside the load")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quick", action="store_true", help="bench control: small sizes")
+    p.add_argument("--parts", default=None,
+                   help="bench control: comma-separated subset of maglev, slots, reaction, "
+                        "probes, config (default: all)")
+    p.add_argument("--sizes", default=None,
+                   help="bench control: backend counts for the build-time and slots parts "
+                        "(default 10,30,100,300,1000,3000,10000)")
     p.add_argument("--lab-prefix", default=None, help=argparse.SUPPRESS)
     p.add_argument("--kinds", default=None,
                    help="--mode nat: comma-separated subset of route, nftables, "
