@@ -35,6 +35,7 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -54,7 +55,11 @@ TUNNEL_ROW = {"encap": "ipip", "source": "198.18.0.240/28"}
 GENERATOR_CPU = 0
 PATH_CPU = 1
 NAPI_RT_PRIORITY = 50  # SCHED_FIFO, the default priority of threaded IRQ handlers
-COALESCE_NS = 20_000  # the decoupled veths' coalescing (NapiDecoupler._coalesce)
+# The decoupled veths' coalescing (NapiDecoupler._coalesce): off. On an idle host
+# 20 us (napi_defer_hard_irqs=2) lost frames before the appliance at every rate, the
+# reflector 30 % at 40 kpps and 0.5 % at 1.3 kpps; off, the reflector forwarded its
+# 263 kpps line rate without loss. Kept as a parameter for loaded hosts.
+COALESCE_NS = 0
 # Frames in flight (the veth rings, the AF_XDP rings) land within this after a
 # trial; counters are read then, so that what never arrives is loss.
 SETTLE_S = 0.5
@@ -158,6 +163,23 @@ def napi_threads(prefixes: tuple[str, ...] = (f"napi/{ETH}-",)) -> dict[int, str
     return found
 
 
+# A spinner at SCHED_IDLE on the path's CPU, so that the vCPU never halts. On this
+# VM (no cpuidle driver: an idle vCPU executes HLT and the hypervisor deschedules
+# it) waking a halted vCPU for a frame took long enough, on a shared host, for the
+# veth's 256-frame ring to overflow at paced rates: after one line-rate trial the
+# reflector lost 15-20 % at 5 kpps (TX drops on v-lb), 0-7 frames of 10,000 with the
+# spinner. SCHED_IDLE yields at once to the NAPI threads (FIFO) and to the DPDK
+# worker; it dies with its parent (PR_SET_PDEATHSIG), Ctrl-C or not.
+KEEP_AWAKE = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while True:
+    pass
+"""
+
+
 class NapiDecoupler:
     """Threaded NAPI on the appliance's ``eth0`` and on the sink's veth (the
     appliance's peer, which receives what the appliance sends), their kthreads
@@ -172,6 +194,7 @@ class NapiDecoupler:
         self.coalesce_ns = coalesce_ns
         self._before: set[int] = set()
         self.pinned: dict[int, str] = {}
+        self._waker: subprocess.Popen[bytes] | None = None
         # (namespace, interface): the appliance's side, then the sink's.
         self.links = (("lb", ETH), ("br", lab.peer("lb")))
 
@@ -207,7 +230,16 @@ class NapiDecoupler:
                            f"echo {coalesce_ns} > /sys/class/net/{ifname}/gro_flush_timeout"],
                       check=False)
 
+    def rest(self) -> None:
+        """A trial is over: the path's CPU may sleep again (the per-packet cost
+        runs between trials must not share a core with the spinner)."""
+        if self._waker is not None:
+            self._waker.kill()
+            self._waker.wait()
+            self._waker = None
+
     def disable(self) -> None:
+        self.rest()
         for ns, ifname in self.links:
             self._threaded(ns, ifname, False)
             self._coalesce(ns, ifname, 0)
@@ -224,6 +256,8 @@ class NapiDecoupler:
                 return (f"threaded NAPI refused on {self.lab.ns(ns)} {ifname}: "
                         f"{res.stderr.strip()}")
             self._coalesce(ns, ifname, self.coalesce_ns)
+        if self._waker is None:  # the path's CPU kept awake for the trial (KEEP_AWAKE)
+            self._waker = subprocess.Popen([sys.executable, "-c", KEEP_AWAKE, str(self.cpu)])
         names = tuple(f"napi/{ifname}-" for _, ifname in self.links)
         mine = {pid: comm for pid, comm in napi_threads(names).items()
                 if pid not in self._before}
@@ -318,6 +352,8 @@ class TrafgenGenerator:
         offered = sent_frames(self.lab) - start_in
         forwarded = xdp_packets(self.lab, "br", peer) - start_out
         app = {k: v - start_app.get(k, 0) for k, v in xdp_counters(self.lab, "lb", ETH).items()}
+        if self.decoupler is not None:
+            self.decoupler.rest()
         extra: dict[str, Any] = {"appliance_xdp": app}
         if self.decoupler is not None:
             # Per trial: a subject without NAPI on the veth runs coupled anyway.

@@ -585,6 +585,7 @@ class TrexGenerator:
             after = self._appliance_counters() or {}
             extra["appliance_xdp"] = {k: v - app_before.get(k, 0) for k, v in after.items()}
         if self.decoupler is not None:
+            self.decoupler.rest()
             extra["decoupled"] = unpinned is None
             if unpinned is not None:
                 extra["coupled_because"] = unpinned
