@@ -29,6 +29,7 @@
 #include <string.h>
 #include <rte_hash.h>
 
+#include "lb_hash.h" /* LB_SIPROUND: the one SipHash round of both planes */
 #include "lb_tables.h"
 
 struct fwd_flow_slot {
@@ -55,14 +56,6 @@ int fwd_flow_init(struct fwd_flow_table *ft, const char *name, __u32 capacity,
 void fwd_flow_free(struct fwd_flow_table *ft);
 
 #define FWD_FLOW_KEY_WORDS (sizeof(struct lb_flow_key) / 8)
-
-#define FWD_SIPROUND(v0, v1, v2, v3)                                                    \
-	do {                                                                            \
-		v0 += v1; v1 = v1 << 13 | v1 >> 51; v1 ^= v0; v0 = v0 << 32 | v0 >> 32; \
-		v2 += v3; v3 = v3 << 16 | v3 >> 48; v3 ^= v2;                          \
-		v0 += v3; v3 = v3 << 21 | v3 >> 43; v3 ^= v0;                          \
-		v2 += v1; v1 = v1 << 17 | v1 >> 47; v1 ^= v2; v2 = v2 << 32 | v2 >> 32; \
-	} while (0)
 
 /* A key's bytes as 64-bit words (little-endian host, lb_hash.h), read and
  * written in place: struct lb_flow_key is 4-byte aligned, x86 and arm64 load
@@ -106,7 +99,7 @@ fwd_flow_sig(const struct fwd_flow_table *ft, const struct lb_flow_key *k)
 	if (k->family == LB_FAMILY_V6) {
 		for (unsigned int i = 0; i < FWD_FLOW_KEY_WORDS; i++) {
 			v3 ^= w[i];
-			FWD_SIPROUND(v0, v1, v2, v3);
+			LB_SIPROUND(v0, v1, v2, v3);
 			v0 ^= w[i];
 		}
 		last = (__u64)(FWD_FLOW_KEY_WORDS * 8) << 56;
@@ -115,20 +108,20 @@ fwd_flow_sig(const struct fwd_flow_table *ft, const struct lb_flow_key *k)
 		__u64 m0 = (w[0] & 0xffffffffu) | w[2] << 32, m1 = w[4] & 0xffffffffffull;
 
 		v3 ^= m0;
-		FWD_SIPROUND(v0, v1, v2, v3);
+		LB_SIPROUND(v0, v1, v2, v3);
 		v0 ^= m0;
 		v3 ^= m1;
-		FWD_SIPROUND(v0, v1, v2, v3);
+		LB_SIPROUND(v0, v1, v2, v3);
 		v0 ^= m1;
 		last = (__u64)16 << 56;
 	}
 	v3 ^= last;
-	FWD_SIPROUND(v0, v1, v2, v3);
+	LB_SIPROUND(v0, v1, v2, v3);
 	v0 ^= last;
 	v2 ^= 0xff;
-	FWD_SIPROUND(v0, v1, v2, v3);
-	FWD_SIPROUND(v0, v1, v2, v3);
-	FWD_SIPROUND(v0, v1, v2, v3);
+	LB_SIPROUND(v0, v1, v2, v3);
+	LB_SIPROUND(v0, v1, v2, v3);
+	LB_SIPROUND(v0, v1, v2, v3);
 	return (hash_sig_t)(v0 ^ v1 ^ v2 ^ v3);
 }
 
