@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -201,3 +202,32 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(
     report = lab.run_client(LAB_VIP, LAB_PORT, connections=200)
     assert report["failures"] == 0, report["errors"]
     assert report["counts"].get("b2", 0) > 0
+
+
+def test_an_upgrade_hand_over_leaves_the_data_plane_forwarding_for_the_successor(
+        lab: Lab, appliance: LabAppliance) -> None:
+    """SIGUSR2 (`systemctl kill -s USR2 hpclb`, the operator's guide's upgrade):
+    `hpclb run` exits 0 and leaves the data plane and its flows; the next one
+    (the new release, started by systemd's Restart=) adopts that very process
+    and pushes nothing. A TCP connection through the VIP answers throughout."""
+    app = appliance
+    app.wait_status(lambda s: s["states"]["b2"] == "up", timeout_s=60, what="b2 up")
+    settled(app)
+    ring, pid = ring_of(app), app.dataplane_pid()
+    stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0, timeout=10.0)
+    time.sleep(1.0)
+    assert app.proc is not None
+    app.proc.send_signal(signal.SIGUSR2)
+    assert app.proc.wait(timeout=30) == 0, app.log_text()
+    app.proc = None
+    os.kill(pid, 0)  # the data plane outlived its control plane
+    mark = len(app.log_text_full())
+    assert "leaving the data plane running" in app.log_text_full()
+    app.resume()
+    report = lab.wait_json(stream, timeout=30)
+    assert report["errors"] == [] and len(report["distinct"]) == 1, report
+    assert len(report["names"]) >= 60, "the connection answered through the hand-over"
+    log = app.log_text_full()[mark:]
+    assert f"adopted running data plane pid {pid}" in log, log
+    assert pushes_since(app, mark)[0].endswith(NOTHING_PUSHED), log
+    assert app.dataplane_pid() == pid and ring_of(app) == ring

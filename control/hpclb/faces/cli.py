@@ -96,7 +96,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         event.set()
         controller.wake.set()
 
+    def hand_over() -> None:
+        # An upgrade: this control plane ends and leaves the data plane
+        # forwarding (and BGP announcing) for its successor, which adopts it
+        # (`systemctl kill -s USR2 hpclb`; systemd's Restart= starts the new
+        # release). Flows are never interrupted.
+        controller.keep_dataplane = True
+        request(controller.stop_requested)
+
     signal.signal(signal.SIGHUP, lambda *_: request(controller.reload_requested))
+    signal.signal(signal.SIGUSR2, lambda *_: hand_over())
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: request(controller.stop_requested))
     try:
