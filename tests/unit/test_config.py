@@ -269,7 +269,9 @@ def _check(text: str) -> None:
         parse_config(text, "f.yaml")
     except ConfigError as exc:
         assert exc.issues
-        nlines = text.count("\n") + 1
+        # YAML's line breaks, not only "\n": a lone "\r" (or NEL, LS, PS) starts
+        # a line too, and the loader reports lines as YAML counts them.
+        nlines = len(re.split("\r\n|[\r\n\x85\u2028\u2029]", text))
         for issue in exc.issues:
             assert str(issue).startswith("f.yaml")
             assert issue.line is None or 1 <= issue.line <= nlines + 1
