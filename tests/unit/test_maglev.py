@@ -202,15 +202,40 @@ def test_removing_one_of_n_moves_fewer_than_2_over_n(n: int) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="Maglev at 65537 slots: removing one of 1000 backends moves 6.4-6.8x the "
-    "minimum (about 440 slots, limit 131); see hpclb.balancing.maglev's docstring",
+    reason="Maglev: removing one of 1000 backends moves 6.5-7.0x the minimum at 65537 "
+    "slots (about 440 slots, limit 131) and still 3.0x at RING_SIZE_MAX; even 3 * N**2 "
+    "slots give 2.03x (3,000,017, beyond what the data planes accept). No "
+    "alternative construction measured meets 2x with exact shares and a fast build "
+    "(perf/maglev_disruption.py); see hpclb.balancing.maglev's docstring",
 )
-def test_removing_one_of_1000_moves_fewer_than_2_over_n() -> None:
+@pytest.mark.parametrize("size", [SIZE, RING_SIZE_MAX])
+def test_removing_one_of_1000_moves_fewer_than_2_over_n(size: int) -> None:
     n = 1000
-    full = build_table(equal(n))
+    full = build_table(equal(n), size)
     for gone in (0, n // 2, n - 1):
-        changed = np.count_nonzero(full != build_table([m for m in equal(n) if m[0] != gone]))
-        assert changed < 2 * SIZE / n
+        after = build_table([m for m in equal(n) if m[0] != gone], size)
+        changed = np.count_nonzero(full != after)
+        assert changed < 2 * size / n
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "low", "high"),
+    [(100, 10007, 2.0, 3.0), (100, 30011, 1.0, 2.0), (1000, RING_SIZE_MAX, 2.0, 3.5)],
+)
+def test_disruption_follows_size_over_n_squared(n: int, size: int, low: float,
+                                                high: float) -> None:
+    """With exact shares the departed backend's size/N slots can only go to the about
+    size/N backends whose quota rises; where size/N << N most first land on a full
+    backend and push another slot on. So the multiple of the minimum is set by
+    size / N**2, not by N alone (measured, perf/maglev_disruption.py: 2.7x at N**2
+    slots for N = 100 and 316, and 3.0x for N = 1000 at RING_SIZE_MAX, about N**2;
+    1.87x, 1.97x and 2.03x at 3 * N**2 for N = 100, 316 and 1000)."""
+    full = build_table(equal(n), size)
+    for gone in (0, n // 2):
+        after = build_table([m for m in equal(n) if m[0] != gone], size)
+        own = np.count_nonzero(full == gone)
+        ratio = np.count_nonzero(full != after) / own
+        assert low <= ratio < high, (gone, ratio)
 
 
 @pytest.mark.parametrize(("n", "bound"), [(200, 3.0), (1000, 7.5)])
@@ -335,3 +360,35 @@ def test_the_c_fill_gives_the_python_fill_table() -> None:
             c = maglev.build_table(members, size)
             py = maglev.build_table(members, size, use_c=False)
             assert c.dtype == py.dtype and (c == py).all(), (size, n)
+
+
+def test_the_disruption_benchmark_measures_what_it_says() -> None:
+    """perf/maglev_disruption.py (the issue-15 measurement): on a small ring every
+    construction fills every slot with a live id; the exact ones keep every share within
+    one slot of the ideal (and but for hrw-flex, which rounds as it places, the quotas);
+    rendezvous and the circle move exactly the departed backend's slots; Maglev's row
+    agrees with build_table."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "perf" / "maglev_disruption.py"
+    spec = importlib.util.spec_from_file_location("maglev_disruption", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    members = [(i, f"node-{i}", w) for i, w in enumerate([1.0, 2.0, 0.5, 1.0, 3.0, 0.0, 1.5])]
+    size = 1009
+    for name, build in bench.BUILDERS.items():
+        table = build(members, size)
+        assert table.shape == (size,) and set(np.unique(table)) <= {0, 1, 2, 3, 4, 6}, name
+        row = bench.case(name, size, members, removals=3, steps=1, repeats=1)
+        exact = name not in ("hrw", "ring")
+        assert row["shares"]["within_one_slot"] is exact, name
+        if not exact:
+            assert row["removal"]["ratio"]["max"] == 1.0, name
+        elif name != "hrw-flex":  # hrw-flex rounds as it places: within one slot only
+            assert slot_counts(table) == {i: q for i, q in quotas(members, size).items() if q}
+        for sample in row["removal"]["samples"] + row["weight_step"]["samples"]:
+            assert sample["changed"] >= sample["minimum"], (name, sample)
+    np.testing.assert_array_equal(bench.BUILDERS["maglev"](members, size),
+                                  build_table(members, size))

@@ -44,6 +44,25 @@ What the ring must give, and how this builder gives it:
   N = 200: 2.5x; N = 500: 5.7x; N = 1000: 6.8x. So "fewer than 2/N" holds up
   to about 140 backends. A larger ring helps less than the usual
   "size >= 100 * N" advice suggests: N = 1000 at size 650011 is still 4.4x.
+  What sets the multiple is size / N**2, not N (perf/maglev_disruption.py,
+  results/maglev_disruption.json): with exact quotas the departed backend's
+  size/N slots can only go to the about size/N backends whose quota rises, so
+  where size/N << N most of them first land on a full backend and push one of
+  its slots on. At size = N**2: 2.7x (N = 100, 10007 slots; N = 316, 100003);
+  N = 1000 at RING_SIZE_MAX (1048573, about N**2): 3.0x, built in 0.2-0.4 s;
+  at 3 * N**2: 1.87x (N = 100), 1.97x (N = 316), 2.03x (N = 1000, 3000017
+  slots, beyond what the data planes accept). Other pure constructions
+  measured there do no better within the constraints: rendezvous (HRW) per
+  slot moves exactly the minimum but its shares are binomial (40 slots, 62%,
+  off the ideal at N = 1000); placing HRW's (or this builder's own walks')
+  preferences greedily under the exact quotas (a stable matching) cuts the
+  cascade only partly: 4.4-5.0x at N = 1000 on 65537 slots (3.3x when the
+  rounding follows the placement). The closest, the walks' stable matching at
+  RING_SIZE_MAX, moves 1.93-1.98x for equal weights but 2.4-2.9x for unequal
+  ones and 4.7x for a 10% weight step (where this builder moves exactly the
+  minimum for an increase from equal weights), and its Python prototype builds
+  in seconds against this one's 0.2-0.4 s in C at that size. So this builder
+  stays.
   A weight decrease by 10% moves 1.1x (N = 10) to 7x (N = 1000) the minimum.
   From unequal weights (the live policy's: weight 0.625 - 0.4 * cpu_load on the
   1/256 grid), single-backend steps of cpu_load >= 0.1, up or down, moved
