@@ -283,3 +283,36 @@ def test_check_refuses_an_https_probe_ca_file_it_cannot_use(tmp_path: Path) -> N
                       .replace("garbage.pem", "server.pem"))
     res = hpclb("check", "-c", str(config))
     assert res.returncode == 0, res.stderr
+
+
+def test_a_bare_status_on_a_provisioned_appliance_without_api_reads_its_status_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`hpclb status` with no option on a host provisioned with a configuration
+    that enables no REST API (the Vagrant gateway's): the status file of
+    /etc/hpclb/hpclb.yaml, not an API that cannot answer. With an API in the
+    configuration, or --api / $HPCLB_API given, the API as before."""
+    from hpclb.faces import cli
+
+    installed = tmp_path / "hpclb.yaml"
+    text = (EXAMPLES / "lab.yaml").read_text()
+    assert "\n  api:" not in text
+    installed.write_text(text)
+    monkeypatch.setattr(cli, "INSTALLED_CONFIG", installed)
+    monkeypatch.delenv("HPCLB_API", raising=False)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert cli.main(["status", "--run-dir", str(run_dir)]) == 1
+    assert "no status" in capsys.readouterr().err
+    (run_dir / "lab-lb.status.json").write_text('{"health": {}}\n')
+    assert cli.main(["status", "--run-dir", str(run_dir)]) == 0
+    assert capsys.readouterr().out == '{"health": {}}\n'
+    nowhere = "http://127.0.0.1:9"
+    assert cli.main(["status", "--api", nowhere]) == 3, "--api: the API"
+    monkeypatch.setenv("HPCLB_API", nowhere)
+    assert cli.main(["status"]) == 3, "$HPCLB_API: the API"
+    monkeypatch.delenv("HPCLB_API")
+    installed.write_text(text.replace("appliance:\n", "appliance:\n  api: {listen: "
+                                      "\"127.0.0.1:9\"}\n", 1))
+    assert cli.main(["status"]) == 3, "an API configured: the API"
+    assert "cannot reach the API" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpclb.config import ConfigError, load_config
+from hpclb.faces.client import API_ENV
 from hpclb.faces.commands import add_api_commands
 
 EXIT_START = 1
@@ -193,12 +194,32 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Where provisioning (appliance/provision.sh) puts the configuration.
+INSTALLED_CONFIG = Path("/etc/hpclb/hpclb.yaml")
+
+
+def _installed_config_without_api(args: argparse.Namespace) -> Path | None:
+    """On a provisioned appliance whose configuration enables no REST API, a
+    bare `hpclb status` has no API to ask: it reads the status file of
+    /etc/hpclb/hpclb.yaml instead (readable by root and the `hpclb` group).
+    None when an API was asked for (--api, $HPCLB_API) or is configured."""
+    if getattr(args, "api", None) or os.environ.get(API_ENV):
+        return None
+    try:
+        config = load_config(INSTALLED_CONFIG)
+    except (OSError, ConfigError):
+        return None  # not an appliance, or unreadable: the API form says what is wrong
+    return INSTALLED_CONFIG if config.appliance.api is None else None
+
+
 def _local_or_api(local: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser,
                   option: str) -> Callable[[argparse.Namespace], int]:
     """The local form of a command when ``option`` is given, else its API form."""
     over_api: Callable[[argparse.Namespace], int] = parser.get_default("func")
 
     def either(args: argparse.Namespace) -> int:
+        if getattr(args, option) is None and option == "config":
+            setattr(args, option, _installed_config_without_api(args))
         if getattr(args, option) is None:
             return over_api(args)
         if getattr(args, "watch", False):
