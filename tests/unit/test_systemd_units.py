@@ -1,11 +1,16 @@
 """The systemd units run with least privilege (appliance/systemd/).
 
-The units are parsed as systemd reads them (repeated keys, list settings that
-add up, an empty assignment that resets, backslash continuations) and every
-security-relevant setting is checked. Where ``systemd-analyze`` exists, the
-units must also pass ``systemd-analyze verify`` (against a stub root that
-holds their executables) and stay within an exposure bound under
-``systemd-analyze security --offline=yes``.
+The units (hpclb.service as the user ``hpclb`` with five ambient capabilities,
+the agent as a dynamic user with none, the one-shot hpclb-prepare.service as
+root) and the drop-ins that extend hpclb.service (appliance/systemd/drop-ins/)
+are parsed as systemd reads them (repeated keys, list settings that add up, an
+empty assignment that resets, backslash continuations, drop-ins after the unit)
+and every security-relevant setting is checked. Where ``systemd-analyze``
+exists, every unit, alone and with each drop-in, must also pass
+``systemd-analyze verify`` (against a stub root that holds their executables)
+and stay within an exposure bound under ``systemd-analyze security
+--offline=yes``. tests/lab/test_service_user.py runs `hpclb run` as the unit
+says.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ import pytest
 UNITS = Path(__file__).resolve().parents[2] / "appliance" / "systemd"
 HPCLB = UNITS / "hpclb.service"
 AGENT = UNITS / "hpclb-agent.service"
+PREPARE = UNITS / "hpclb-prepare.service"
+# H4's backend stand-in for the Vagrant lab (a node unit): verified and bounded here too.
+TESTSERVER = UNITS / "hpclb-testserver.service"
+ALL_UNITS = sorted(UNITS.glob("*.service"))
+DROP_INS = sorted((UNITS / "drop-ins").glob("hpclb-*.conf"))
 
 # What `hpclb run` and the data plane it starts need (see the unit's comments
 # for the evidence behind each). CAP_SYS_ADMIN only through a drop-in.
@@ -27,21 +37,39 @@ HPCLB_CAPABILITIES = {"CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_BPF", "CAP_PERFMON", 
 HPCLB_FAMILIES = {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"}
 AGENT_FAMILIES = {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
 
+# What each drop-in adds to hpclb.service's capabilities (and nothing else may).
+DROP_IN_CAPABILITIES = {"hpclb-af-xdp.conf": {"CAP_SYS_ADMIN"},
+                        "hpclb-netns.conf": {"CAP_SYS_ADMIN"},
+                        "hpclb-noiommu.conf": {"CAP_SYS_ADMIN", "CAP_SYS_RAWIO"}}
+
 # Overall exposure from `systemd-analyze security --offline=yes` (systemd 252,
-# Debian 12): measured 2.8 for hpclb.service (9.6 before the hardening) and
-# 1.9 for hpclb-agent.service (8.3 before). The bounds leave a little room for
-# another systemd's weights, none for dropping a setting of weight >= 0.2.
-MAX_EXPOSURE = {HPCLB: 3.0, AGENT: 2.0}
+# Debian 12), measured: hpclb.service 2.5 as the user hpclb (2.8 as root with
+# a bounding set, 9.6 unhardened); hpclb-agent.service 1.9 "OK" (8.3 before);
+# hpclb-prepare.service 5.8 (root, every capability: host preparation);
+# hpclb-testserver.service 1.5 (a dynamic user, CAP_NET_BIND_SERVICE). The
+# bounds leave a little room for another systemd's weights, none for dropping
+# a setting of weight >= 0.2 (or, for hpclb.service, going back to root).
+MAX_EXPOSURE = {HPCLB: 2.6, AGENT: 2.0, PREPARE: 6.0, TESTSERVER: 1.7}
+# With a drop-in (CAP_SYS_ADMIN): measured 3.0 (af-xdp), 3.1 (netns: @mount too), 2.9
+# (noiommu).
+MAX_EXPOSURE_WITH_DROP_IN = 3.2
 
 # Settings whose assignments accumulate; an empty assignment resets them.
 LIST_KEYS = {"CapabilityBoundingSet", "AmbientCapabilities", "RestrictAddressFamilies",
              "SystemCallFilter", "ReadWritePaths", "RuntimeDirectory", "StateDirectory",
-             "LoadCredential"}
+             "LoadCredential", "Environment", "Wants", "After", "Before"}
 
 
-def parse_unit(path: Path) -> dict[str, list[tuple[str, str]]]:
-    """Section -> [(key, value)] in file order, duplicates kept."""
+def parse_unit(path: Path, *drop_ins: Path) -> dict[str, list[tuple[str, str]]]:
+    """Section -> [(key, value)] in file order, duplicates kept; the drop-ins'
+    settings follow the unit's, as systemd applies them."""
     sections: dict[str, list[tuple[str, str]]] = {}
+    for source in (path, *drop_ins):
+        _parse_into(sections, source)
+    return sections
+
+
+def _parse_into(sections: dict[str, list[tuple[str, str]]], path: Path) -> None:
     current: list[tuple[str, str]] | None = None
     pending = ""
     for raw in path.read_text().splitlines():
@@ -58,13 +86,12 @@ def parse_unit(path: Path) -> dict[str, list[tuple[str, str]]]:
         key, sep, value = line.partition("=")
         assert sep and current is not None, f"{path.name}: not a key=value line: {raw!r}"
         current.append((key.strip(), value.strip()))
-    return sections
 
 
 class Unit:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *drop_ins: Path) -> None:
         self.path = path
-        self.sections = parse_unit(path)
+        self.sections = parse_unit(path, *drop_ins)
 
     def values(self, key: str, section: str = "Service") -> list[str]:
         return [v for k, v in self.sections.get(section, []) if k == key]
@@ -97,6 +124,11 @@ def agent() -> Unit:
     return Unit(AGENT)
 
 
+@pytest.fixture(scope="module")
+def prepare() -> Unit:
+    return Unit(PREPARE)
+
+
 # --- hpclb.service -----------------------------------------------------------
 
 
@@ -110,7 +142,30 @@ def test_hpclb_keeps_its_behaviour(hpclb: Unit) -> None:
     assert hpclb.get("Restart") == "always"
     assert hpclb.yes("RuntimeDirectoryPreserve")
     assert hpclb.get("LimitMEMLOCK") == "infinity"
-    assert hpclb.get("User") is None and not hpclb.yes("DynamicUser")  # root, capped
+
+
+def test_hpclb_restarts_but_not_on_a_refused_configuration(hpclb: Unit) -> None:
+    assert hpclb.get("Restart") == "always" and hpclb.get("RestartSec")
+    # hpclb's EXIT_CONFIG: a restart cannot fix the file.
+    assert hpclb.get("RestartPreventExitStatus") == "2"
+    assert int(hpclb.get("StartLimitBurst", "Unit") or 0) > 0
+
+
+def test_hpclb_runs_after_the_host_is_prepared(hpclb: Unit, prepare: Unit) -> None:
+    assert "hpclb-prepare.service" in hpclb.words("Wants", "Unit")
+    assert "hpclb-prepare.service" in hpclb.words("After", "Unit")
+    assert "hpclb.service" in prepare.words("Before", "Unit")
+    # Wants, not Requires: a refused NIC binding leaves XDP (dataplane: auto) running.
+    assert hpclb.values("Requires", "Unit") == [] and hpclb.values("Requisite", "Unit") == []
+
+
+def test_hpclb_runs_as_its_own_user(hpclb: Unit) -> None:
+    # The provisioned system user (sysusers.d), not a dynamic one: its uid owns
+    # the pins in /sys/fs/bpf/hpclb and /etc/hpclb across restarts.
+    assert hpclb.get("User") == "hpclb" and hpclb.get("Group") == "hpclb"
+    assert not hpclb.yes("DynamicUser")
+    assert hpclb.values("SupplementaryGroups") == []
+    assert hpclb.yes("RemoveIPC")
 
 
 def test_hpclb_is_a_server(hpclb: Unit) -> None:
@@ -119,17 +174,17 @@ def test_hpclb_is_a_server(hpclb: Unit) -> None:
 
 def test_hpclb_capabilities_are_exactly_what_it_needs(hpclb: Unit) -> None:
     assert set(hpclb.words("CapabilityBoundingSet")) == HPCLB_CAPABILITIES
-    assert hpclb.words("AmbientCapabilities") == []
+    # Ambient: a user's capabilities survive the exec of the data plane and ip.
+    assert set(hpclb.words("AmbientCapabilities")) == HPCLB_CAPABILITIES
     assert hpclb.yes("NoNewPrivileges")
     assert hpclb.yes("RestrictSUIDSGID")
 
 
 def test_hpclb_file_system(hpclb: Unit) -> None:
     assert hpclb.get("ProtectSystem") == "strict"
-    # Pins, the one sysfs file it writes (nr_hugepages), and the configuration
-    # file the REST API writes back.
-    assert set(hpclb.words("ReadWritePaths")) == {"/sys/fs/bpf", "-/sys/kernel/mm/hugepages",
-                                                  "/etc/hpclb"}
+    # Pins (prepare makes the folder, owned by hpclb) and the configuration
+    # file the REST API writes back; no sysfs file (hugepages: prepare).
+    assert set(hpclb.words("ReadWritePaths")) == {"-/sys/fs/bpf/hpclb", "/etc/hpclb"}
     # /run/hpclb and DPDK's runtime directory; /var/lib/hpclb.
     assert set(hpclb.words("RuntimeDirectory")) == {"hpclb", "dpdk"}
     assert hpclb.words("StateDirectory") == ["hpclb"]
@@ -139,6 +194,17 @@ def test_hpclb_file_system(hpclb: Unit) -> None:
     for key in ("PrivateTmp", "ProtectHome", "ProtectKernelTunables", "ProtectControlGroups",
                 "ProtectKernelModules", "ProtectKernelLogs", "PrivateMounts"):
         assert hpclb.yes(key), key
+    assert hpclb.get("ProtectProc") == "invisible"
+
+
+def test_hpclb_gives_dpdk_one_runtime_directory(hpclb: Unit) -> None:
+    """Two RuntimeDirectory= entries make systemd set RUNTIME_DIRECTORY to
+    "/run/hpclb:/run/dpdk", which DPDK's EAL takes whole as a folder (its init
+    then fails). Environment= wins over systemd's own variables: DPDK's runtime
+    folder is /run/dpdk/hpclb-NAME, inside RuntimeDirectory=dpdk."""
+    env = dict(v.split("=", 1) for v in hpclb.words("Environment"))
+    assert env.get("RUNTIME_DIRECTORY") == "/run"
+    assert "dpdk" in hpclb.words("RuntimeDirectory")
 
 
 def test_hpclb_kernel_interfaces(hpclb: Unit) -> None:
@@ -206,6 +272,59 @@ def test_agent_file_system_and_kernel(agent: Unit) -> None:
     assert agent.values("DeviceAllow") == [] and not agent.yes("ProtectClock")
 
 
+# --- hpclb-prepare.service ---------------------------------------------------
+
+
+def test_prepare_is_a_one_shot_before_the_appliance(prepare: Unit) -> None:
+    assert prepare.get("Type") == "oneshot" and prepare.yes("RemainAfterExit")
+    assert prepare.get("ExecStart") == (
+        "/opt/hpclb/.venv/bin/python -m hpclb.provision prepare -c /etc/hpclb/hpclb.yaml")
+    assert prepare.get("ConditionPathExists", "Unit") == "/etc/hpclb/hpclb.yaml"
+    # The refusals read the host's addresses and routes: after the network.
+    assert "network-online.target" in prepare.words("After", "Unit")
+    assert "sys-fs-bpf.mount" in prepare.words("After", "Unit")
+    assert prepare.get("Restart") in (None, "no")
+    assert prepare.get("WantedBy", "Install") == "multi-user.target"
+
+
+def test_prepare_is_root_but_contained(prepare: Unit) -> None:
+    assert prepare.get("User") is None and not prepare.yes("DynamicUser")
+    assert prepare.get("ProtectSystem") == "full"  # /etc, /usr, /boot read-only
+    for key in ("ProtectHome", "PrivateTmp", "NoNewPrivileges", "RestrictSUIDSGID",
+                "RestrictNamespaces", "LockPersonality", "RestrictRealtime"):
+        assert prepare.yes(key), key
+    # It writes sysfs, loads vfio-pci and mounts hugetlbfs: none of these on.
+    for key in ("ProtectKernelTunables", "ProtectKernelModules", "PrivateDevices"):
+        assert not prepare.yes(key), key
+    assert prepare.words("SystemCallFilter") == ["@system-service", "@mount", "@module"]
+    assert set(prepare.words("RestrictAddressFamilies")) == AGENT_FAMILIES
+
+
+# --- drop-ins ------------------------------------------------------------------
+
+
+def test_every_drop_in_is_known() -> None:
+    assert {d.name for d in DROP_INS} == set(DROP_IN_CAPABILITIES)
+
+
+@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.name)
+def test_a_drop_in_adds_only_its_capabilities(drop_in: Path) -> None:
+    """CAP_SYS_ADMIN only where a variant needs it, ambient as well as bounded
+    (the user must hold it), and the rest of the unit unchanged."""
+    base, unit = Unit(HPCLB), Unit(HPCLB, drop_in)
+    extra = DROP_IN_CAPABILITIES[drop_in.name]
+    assert set(unit.words("CapabilityBoundingSet")) == HPCLB_CAPABILITIES | extra
+    assert set(unit.words("AmbientCapabilities")) == HPCLB_CAPABILITIES | extra
+    assert unit.get("User") == "hpclb" and unit.yes("NoNewPrivileges")
+    assert unit.get("ProtectSystem") == "strict"
+    assert set(unit.words("RestrictAddressFamilies")) >= set(
+        base.words("RestrictAddressFamilies"))
+    assert "CAP_SYS_ADMIN" not in base.words("CapabilityBoundingSet")
+    # Only the netns variant widens the system calls: `ip netns exec` mounts.
+    added = set(unit.words("SystemCallFilter")) - set(base.words("SystemCallFilter"))
+    assert added == ({"@mount"} if drop_in.name == "hpclb-netns.conf" else set())
+
+
 def test_parser_reads_lists_as_systemd_does(tmp_path: Path) -> None:
     unit = tmp_path / "x.service"
     unit.write_text("[Service]\n# comment\nCapabilityBoundingSet=CAP_A\n"
@@ -227,9 +346,10 @@ def _systemd_analyze() -> str:
     return tool
 
 
-def _stub_root(tmp_path: Path, units: list[Path]) -> Path:
-    """A root for --root: the units, their executables as stubs (/opt/hpclb
-    need not exist here), and the host's targets and slices they hang on."""
+def _stub_root(tmp_path: Path, units: list[Path], drop_ins: tuple[Path, ...] = ()) -> Path:
+    """A root for --root: the units (and drop-ins for hpclb.service), their
+    executables as stubs (/opt/hpclb need not exist here), and the host's
+    targets and slices they hang on."""
     root = tmp_path / "root"
     system = root / "etc" / "systemd" / "system"
     system.mkdir(parents=True)
@@ -249,31 +369,66 @@ def _stub_root(tmp_path: Path, units: list[Path]) -> Path:
                 exe.parent.mkdir(parents=True, exist_ok=True)
                 exe.write_text("#!/bin/sh\n")
                 exe.chmod(0o755)
+    if drop_ins:
+        folder = system / f"{HPCLB.name}.d"
+        folder.mkdir()
+        for d in drop_ins:
+            shutil.copy(d, folder / d.name)
     return root
 
 
-def test_units_verify(tmp_path: Path) -> None:
-    tool = _systemd_analyze()
-    root = _stub_root(tmp_path, [HPCLB, AGENT])
-    res = subprocess.run([tool, "verify", f"--root={root}", HPCLB.name, AGENT.name],
+def _verify(tool: str, root: Path, names: list[str]) -> None:
+    res = subprocess.run([tool, "verify", f"--root={root}", *names],
                          capture_output=True, text=True, timeout=120)
     # verify exits 0 on unknown keys and unparsable values: read what it says.
     complaints = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
     assert res.returncode == 0 and complaints == [], "\n".join(complaints)
 
 
-@pytest.mark.parametrize("unit", [HPCLB, AGENT], ids=lambda p: p.name)
-def test_exposure_is_bounded(unit: Path) -> None:
+def test_every_unit_is_checked() -> None:
+    assert set(ALL_UNITS) == set(MAX_EXPOSURE)
+
+
+def test_units_verify(tmp_path: Path) -> None:
     tool = _systemd_analyze()
-    res = subprocess.run([tool, "security", "--offline=yes", "--no-pager", str(unit)],
+    _verify(tool, _stub_root(tmp_path, ALL_UNITS), [u.name for u in ALL_UNITS])
+
+
+@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.name)
+def test_units_verify_with_a_drop_in(tmp_path: Path, drop_in: Path) -> None:
+    tool = _systemd_analyze()
+    _verify(tool, _stub_root(tmp_path, [HPCLB, PREPARE], (drop_in,)), [HPCLB.name])
+
+
+def _exposure(tool: str, args: list[str]) -> tuple[float, str, str]:
+    """(overall exposure, its rating word, the whole report)."""
+    res = subprocess.run([tool, "security", "--offline=yes", "--no-pager", *args],
                          capture_output=True, text=True, timeout=120)
     out = res.stdout + res.stderr
     if "--offline" in out and ("unrecognized" in out or "Unknown" in out):
         pytest.skip(f"this systemd-analyze has no --offline: {out.strip()[:200]}")
-    m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", out)
+    m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?) (\w+)", out)
     assert m, out[-2000:]
-    exposure = float(m.group(1))
-    print(f"{unit.name}: exposure {exposure} (bound {MAX_EXPOSURE[unit]})")
+    return float(m.group(1)), m.group(2), out
+
+
+@pytest.mark.parametrize("unit", ALL_UNITS, ids=lambda p: p.name)
+def test_exposure_is_bounded(unit: Path) -> None:
+    exposure, rating, out = _exposure(_systemd_analyze(), [str(unit)])
+    print(f"{unit.name}: exposure {exposure} {rating} (bound {MAX_EXPOSURE[unit]})")
     assert exposure <= MAX_EXPOSURE[unit], (
         f"{unit.name}: exposure {exposure} > {MAX_EXPOSURE[unit]}; a setting was loosened "
         f"(or this systemd weighs them differently: re-measure)\n{out[-3000:]}")
+    if unit == AGENT:  # the issue's bar: "OK" or better
+        assert rating in ("SAFE", "OK"), rating
+
+
+@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.name)
+def test_exposure_with_a_drop_in_is_bounded(tmp_path: Path, drop_in: Path) -> None:
+    tool = _systemd_analyze()
+    root = _stub_root(tmp_path, [HPCLB, PREPARE], (drop_in,))
+    exposure, rating, out = _exposure(tool, [f"--root={root}", HPCLB.name])
+    base, _, _ = _exposure(tool, [str(HPCLB)])
+    print(f"{HPCLB.name} + {drop_in.name}: exposure {exposure} {rating}")
+    # The drop-in is read (CAP_SYS_ADMIN weighs), and stays within its bound.
+    assert base < exposure <= MAX_EXPOSURE_WITH_DROP_IN, out[-3000:]
