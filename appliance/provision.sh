@@ -137,7 +137,9 @@ case "$role" in
                  # recommends them), its default mempool, and modprobe
                  librte-net-virtio23 librte-net-e1000-23 librte-net-ixgbe23 librte-net-i40e23
                  librte-net-ice23 librte-net-mlx5-23 librte-net-vmxnet3-23 librte-mempool-ring23
-                 kmod ethtool iputils-ping) ;;
+                 kmod ethtool iputils-ping
+                 # the BGP speaker (hpclb-bird.service), used when the configuration has bgp:
+                 bird2) ;;
   node) pkgs=("${common_pkgs[@]}") ;;
   client) pkgs=("${common_pkgs[@]}" iputils-ping curl netsniff-ng tcpdump) ;;
 esac

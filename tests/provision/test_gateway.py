@@ -106,6 +106,27 @@ def test_an_existing_configuration_is_kept(provision, root: Path) -> None:
     assert any(line.startswith("kept: /etc/hpclb/hpclb.yaml") for line in result.lines)
 
 
+def test_the_bgp_speaker_is_enabled_only_where_the_configuration_announces(
+        provision, root: Path, tmp_path: Path) -> None:
+    """hpclb-bird.path (which starts BIRD once hpclb has written its
+    configuration) is installed everywhere and enabled only with a `bgp:`
+    section."""
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    assert _gateway(provision, root).rc == 0
+    assert (root / "etc/systemd/system/hpclb-bird.path").is_file()
+    assert not (wants / "hpclb-bird.path").exists()
+    other = tmp_path / "bgp-root"
+    other.mkdir()
+    config = other / "etc/hpclb/hpclb.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text((REPO / "appliance/examples/lab.yaml").read_text() + (
+        "bgp:\n  local_asn: 65001\n  router_id: 10.99.0.1\n"
+        "  peers: [{name: tor1, address: 10.99.0.2, asn: 65000}]\n"))
+    result = _gateway(provision, other)
+    assert result.rc == 0, result.err
+    assert (other / "etc/systemd/system/multi-user.target.wants/hpclb-bird.path").is_symlink()
+
+
 def test_a_broken_example_is_a_clear_error_and_changes_nothing(
         provision, root: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"

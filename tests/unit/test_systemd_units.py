@@ -28,6 +28,8 @@ AGENT = UNITS / "hpclb-agent.service"
 PREPARE = UNITS / "hpclb-prepare.service"
 # H4's backend stand-in for the Vagrant lab (a node unit): verified and bounded here too.
 TESTSERVER = UNITS / "hpclb-testserver.service"
+BIRD = UNITS / "hpclb-bird.service"
+BIRD_PATH = UNITS / "hpclb-bird.path"
 ALL_UNITS = sorted(UNITS.glob("*.service"))
 DROP_INS = sorted((UNITS / "drop-ins").glob("hpclb-*.conf"))
 
@@ -49,7 +51,7 @@ DROP_IN_CAPABILITIES = {"hpclb-af-xdp.conf": {"CAP_SYS_ADMIN"},
 # hpclb-testserver.service 1.5 (a dynamic user, CAP_NET_BIND_SERVICE). The
 # bounds leave a little room for another systemd's weights, none for dropping
 # a setting of weight >= 0.2 (or, for hpclb.service, going back to root).
-MAX_EXPOSURE = {HPCLB: 2.6, AGENT: 2.0, PREPARE: 6.0, TESTSERVER: 1.7}
+MAX_EXPOSURE = {HPCLB: 2.6, AGENT: 2.0, PREPARE: 6.0, TESTSERVER: 1.7, BIRD: 2.0}
 # With a drop-in (CAP_SYS_ADMIN): measured 3.0 (af-xdp), 3.1 (netns: @mount too), 2.9
 # (noiommu).
 MAX_EXPOSURE_WITH_DROP_IN = 3.2
@@ -391,7 +393,30 @@ def test_every_unit_is_checked() -> None:
 
 def test_units_verify(tmp_path: Path) -> None:
     tool = _systemd_analyze()
-    _verify(tool, _stub_root(tmp_path, ALL_UNITS), [u.name for u in ALL_UNITS])
+    root = _stub_root(tmp_path, ALL_UNITS)
+    shutil.copy(BIRD_PATH, root / "etc" / "systemd" / "system" / BIRD_PATH.name)
+    _verify(tool, root, [u.name for u in ALL_UNITS] + [BIRD_PATH.name])
+
+
+def test_the_bgp_speaker_outlives_the_control_plane_with_one_capability() -> None:
+    """BIRD (hpclb-bird.service) must keep announcing while the data plane
+    forwards without its control plane (kill -9, --keep-dataplane, an upgrade's
+    hand-over): not bound to hpclb.service. It runs as Debian's `bird` user in
+    group hpclb (it reads hpclb's files in /run/hpclb/bird and its socket is
+    the control plane's), binds port 179 and nothing more; its path unit starts
+    it only once hpclb has written its configuration (no stale VIP at boot)."""
+    bird, path = Unit(BIRD), Unit(BIRD_PATH)
+    for key in ("BindsTo", "PartOf", "Requires", "Requisite"):
+        assert not any("hpclb.service" in v.split() for v in bird.values(key, "Unit")), key
+    assert bird.get("User") == "bird" and bird.get("Group") == "hpclb"
+    assert bird.get("UMask") == "0007"
+    assert bird.words("CapabilityBoundingSet") == ["CAP_NET_BIND_SERVICE"]
+    assert bird.words("AmbientCapabilities") == ["CAP_NET_BIND_SERVICE"]
+    assert bird.get("NoNewPrivileges") == "yes" and bird.get("ProtectSystem") == "strict"
+    assert bird.words("ReadWritePaths") == ["/run/hpclb/bird"]
+    assert bird.get("ConditionPathExists", "Unit") == "/run/hpclb/bird/bird.conf"
+    assert path.get("PathExists", "Path") == "/run/hpclb/bird/bird.conf"
+    assert path.get("Unit", "Path") == BIRD.name
 
 
 @pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.name)

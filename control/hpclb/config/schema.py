@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpclb.config.bgp import BgpConfig
 from hpclb.config.probes import ProbeConfig
 from hpclb.config.tunnel import TunnelConfig
 from hpclb.config.weights import WeightPolicy
@@ -544,6 +545,8 @@ class HpclbConfig(_Strict):
     pools: dict[Name, PoolConfig] = Field(default_factory=dict)
     vips: list[VipConfig] = Field(default_factory=list, max_length=tables.MAX_VIPS)
     nat: NatConfig = Field(default_factory=NatConfig)
+    # BGP announcements of the VIPs (hpclb.config.bgp); None: none.
+    bgp: BgpConfig | None = None
 
     def vip_backend_port(self, vip: VipConfig) -> int:
         """The port a VIP's backends listen on: its backend_port, else its
@@ -821,6 +824,9 @@ class HpclbConfig(_Strict):
         self._check_service_addresses(add)
         self._check_nat(add)
         self._check_families(add)
+        if self.bgp is not None:
+            for loc, msg in self.bgp.problems({v.address for v in self.vips}):
+                add((("bgp", *loc), msg))
         if len(seen_backend) > tables.MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {tables.MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}

@@ -47,6 +47,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hpclb.announce.decision import Inputs
+from hpclb.announce.speaker import Speaker, inputs_for
 from hpclb.balancing import maglev
 from hpclb.config import (
     ConfigDocument,
@@ -63,6 +65,7 @@ from hpclb.contract.tables import (
     MAX_VIPS,
     PROTOCOLS,
     Backend,
+    BackendState,
     Encap,
     IPAddress,
     NatConfig,
@@ -319,6 +322,10 @@ class Controller:
         self.hello: dict[str, Any] = {}  # the data plane's last hello (status)
         self.push_stats: dict[str, Any] = {"count": 0, "failures": 0, "last_duration_s": None,
                                            "last_at": None}
+        # BGP announcements (hpclb.announce), with a `bgp:` section; whether the
+        # data plane answered its last hello is one of their inputs.
+        self.speaker: Speaker | None = None
+        self._dataplane_answers = True
 
     # --- desired state -----------------------------------------------------
 
@@ -500,6 +507,7 @@ class Controller:
         self._pushed_decisions = prepared.decisions
         self._push(prepared.desired)
         self.monitors.commit(prepared.monitors, config)
+        self._bgp_follow(config)
 
     def start(self) -> None:
         """Acquire everything, then adopt (or start) the data plane and push.
@@ -707,6 +715,8 @@ class Controller:
     def alarms(self, now: float) -> list[dict[str, Any]]:
         """Local faults in force: the monitors' and this loop's."""
         out = self.monitors.alarms() + self.state.alarms(now)
+        if self.speaker is not None:
+            out += self.speaker.alarms(now, time.time())
         if self._stalled is not None and now - self._stalled[0] < ALARM_HOLD_S:
             out.append({"source": "loop",
                         "message": f"control loop stalled {self._stalled[1]:.1f}s "
@@ -745,6 +755,8 @@ class Controller:
                   "vip_pools": {v.name: v.pool for v in self.config.vips},
                   "dataplane_info": self._dataplane_info(),
                   "checkpoint": self.state.status()}
+        if self.speaker is not None:
+            status["bgp"] = self.speaker.report(time.monotonic(), time.time())
         try:
             status["dataplane_stats"] = self.dataplane.client.stats()
         except Exception as err:  # a missing figure, not a reason to stop
@@ -773,13 +785,59 @@ class Controller:
                                "egress": list(app.interfaces.egress)},
                 "netns": app.netns}
 
+    # --- BGP announcements (hpclb.announce) -------------------------------------
+
+    def _bgp_follow(self, config: HpclbConfig) -> None:
+        """A configuration put in force: start, change or end the announcements."""
+        try:
+            if config.bgp is None:
+                if self.speaker is not None:
+                    log.warning("bgp: section removed: withdrawing every VIP")
+                    self.speaker.withdraw_all(self._bgp_inputs(self.speaker), wait=False)
+                    self.speaker = None
+            elif self.speaker is None:
+                self.speaker = Speaker(config.bgp)
+                self.speaker.prepare()
+            else:
+                self.speaker.reconfigure(config.bgp)
+        except OSError as err:  # its files: the status shows it, the loop retries
+            log.error("bgp: cannot write the speaker's configuration: %s", err)
+            if self.speaker is not None:
+                self.speaker.error = str(err)
+
+    def _bgp_inputs(self, speaker: Speaker) -> Inputs:
+        """What an announcement depends on: the data plane serving (alive,
+        answering hello, holding tables) and, per VIP address, its pools'
+        backends in service (as last pushed)."""
+        fault = None
+        if not self.dataplane.alive():
+            fault = "data plane not running"
+        elif not self._dataplane_answers:
+            fault = "data plane did not answer its last health check (hello)"
+        elif self.current is None:
+            fault = "data plane holds no tables yet (push pending)"
+        pools_of: dict[str, tuple[str, ...]] = {}
+        for v in self.config.vips:
+            have = pools_of.get(str(v.address), ())
+            pools_of[str(v.address)] = have if v.pool in have else (*have, v.pool)
+        in_service = {pool: sum(1 for d in ds if d.state is BackendState.UP and d.weight > 0)
+                      for pool, ds in self._pushed_decisions.items()}
+        return inputs_for(pools_of, in_service, fault, speaker.config)
+
+    def _bgp_update(self) -> None:
+        if self.speaker is not None and self._started:
+            self.speaker.update(self._bgp_inputs(self.speaker), time.monotonic(), time.time())
+
     def step(self) -> None:
         """One turn of the loop: restart a dead data plane, apply a reload,
         retry a failed push, and look again for backends that did not answer
         ARP or NDP."""
         now = time.monotonic()
         self._note_turn(now)
+        if not self.dataplane.alive():
+            self._bgp_update()  # withdrawn before the restart (and its back-off)
         if self.dataplane.restart_if_dead():
+            self._dataplane_answers = True  # the restart waited for its hello
             self.current = None
             with contextlib.suppress(Exception):  # the status only; the push says more
                 self.hello = self.dataplane.client.hello()
@@ -787,12 +845,13 @@ class Controller:
         now = time.monotonic()
         if now - self._last_health >= HEALTH_INTERVAL_S:
             self._last_health = now
-            self.dataplane.check_responsive()
+            self._dataplane_answers = self.dataplane.check_responsive()
         if self.reload_requested.is_set():
             self.reload_requested.clear()
             self.reload()
         self.operations.run_pending()
         self._handle_events()
+        self._bgp_update()
         if self._started:  # the state checkpoint: on a change (coalesced) or its interval
             self.state.tick(self._state_snapshot(), time.monotonic(), time.time(),
                             self.config.appliance.checkpoint_interval_s)
@@ -807,6 +866,23 @@ class Controller:
                 self._last_retry = now
                 self._push(self.desired)
 
+    def _bgp_stop(self) -> None:
+        """Announcements on a stop: withdrawn (and given time to reach the
+        routers) first when the data plane is about to stop; else kept, the
+        speaker announcing while the data plane forwards without us."""
+        if self.speaker is None:
+            return
+        stops_dataplane = (self._touched_dataplane and not self.keep_dataplane
+                           and (self._started or not self.dataplane.adopted))
+        if stops_dataplane:
+            try:
+                self.speaker.withdraw_all(self._bgp_inputs(self.speaker))
+            except Exception:  # the data plane is stopped all the same
+                log.exception("bgp: withdrawal on stop failed")
+        else:
+            log.info("bgp: announcements left to the speaker: the data plane keeps "
+                     "forwarding")
+
     def run_forever(self, poll_s: float = 0.25) -> None:
         while not self.stop_requested.is_set():
             try:
@@ -819,7 +895,9 @@ class Controller:
     def shutdown(self) -> None:
         """Stop the monitors and the faces; stop the data plane unless told
         to keep it, or unless this process adopted it and never finished its
-        start (a failed start must not take down traffic it did not carry)."""
+        start (a failed start must not take down traffic it did not carry).
+        BGP announcements are withdrawn first when the data plane stops."""
+        self._bgp_stop()
         self.monitors.stop()
         if self._started:  # the freshest state for the next start
             self.state.write(self._state_snapshot(), time.monotonic(), time.time())

@@ -69,6 +69,7 @@ class StatusCollector(Collector):
         yield from _control_plane(status)
         yield from _telemetry(status.get("telemetry"))
         yield from _dataplane(status.get("dataplane_stats"), names)
+        yield from _bgp(status.get("bgp"))
 
 
 def _map(status: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -353,6 +354,45 @@ def _conns(c: Mapping[str, Any] | None) -> Iterator[Metric]:
     yield CounterMetricFamily("hpclb_conn_table_expired",
                               "NAT connections removed by their idle timeout",
                               value=float(c.get("expired", 0)))
+
+
+def _bgp(bgp: Mapping[str, Any] | None) -> Iterator[Metric]:
+    """BGP (the `bgp:` section): each session's state and uptime, each VIP
+    address's announcement (one series per state, 1 for the one it is in) and
+    its damping penalty."""
+    if not bgp:
+        return
+    yield GaugeMetricFamily("hpclb_bgp_speaker_up", "1 while the BGP speaker answers on "
+                            "its control socket", value=1.0 if bgp.get("reachable") else 0.0)
+    up = GaugeMetricFamily("hpclb_bgp_session_up", "1 while the BGP session is Established",
+                           labels=["peer", "address", "state"])
+    uptime = GaugeMetricFamily("hpclb_bgp_session_uptime_seconds",
+                               "Seconds since the BGP session was established",
+                               labels=["peer", "address"])
+    for s in bgp.get("sessions") or []:
+        labels = [str(s.get("name")), str(s.get("peer") or "")]
+        up.add_metric([*labels, str(s.get("state") or "")], 1.0 if s.get("established") else 0.0)
+        if (t := _number(s.get("uptime_s"))) is not None:
+            uptime.add_metric(labels, t)
+    yield up
+    yield uptime
+    state = GaugeMetricFamily("hpclb_bgp_announcement", "1 for the state the VIP address's "
+                              "announcement is in (announced, withdrawn, suppressed), with its "
+                              "cause (serving, no_backend, dataplane, damped, stopping, "
+                              "disabled, adopted)",
+                              labels=["address", "state", "cause"])
+    penalty = GaugeMetricFamily("hpclb_bgp_damping_penalty",
+                                "Flap-damping penalty of the VIP address's announcement",
+                                labels=["address"])
+    for a in bgp.get("announcements") or []:
+        address = str(a.get("address"))
+        for name in ("announced", "withdrawn", "suppressed"):
+            current = a.get("state") == name
+            state.add_metric([address, name, str(a.get("cause", "")) if current else ""],
+                             1.0 if current else 0.0)
+        penalty.add_metric([address], float(a.get("penalty") or 0.0))
+    yield state
+    yield penalty
 
 
 class Exporter:

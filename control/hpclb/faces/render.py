@@ -122,7 +122,28 @@ def render_status(status: Mapping[str, Any]) -> Table:
     rows.append(("alarms", Text("\n".join(f"{a.get('source')}: {a.get('message')}"
                                           for a in alarms), style="bold red")
                  if alarms else Text("none", style="green")))
+    rows += bgp_rows(status.get("bgp"))
     return _grid(rows)
+
+
+def bgp_rows(bgp: Mapping[str, Any] | None) -> list[tuple[str, RenderableType]]:
+    """BGP sessions (state, uptime) and announcements (state, reason)."""
+    if not bgp:
+        return []
+    sessions = [Text(f"{s.get('name')} {s.get('peer')} AS{s.get('asn')}: {s.get('state')}"
+                     + (f" for {duration_text(float(s['uptime_s']))}"
+                        if s.get("uptime_s") is not None else ""),
+                     style="green" if s.get("established") else "bold red")
+                for s in bgp.get("sessions") or []]
+    if not bgp.get("reachable", True):
+        sessions.insert(0, Text(f"speaker unreachable: {bgp.get('error')}", style="bold red"))
+    style = {"announced": "green", "suppressed": "yellow", "withdrawn": "red"}
+    announcements = [Text(f"{a.get('address')}: {a.get('state')} ({a.get('reason')})",
+                          style=style.get(str(a.get("state")), ""))
+                     for a in bgp.get("announcements") or []]
+    return [("BGP sessions", Text("\n").join(sessions) if sessions else Text("none")),
+            ("announcements", Text("\n").join(announcements) if announcements
+             else Text("none"))]
 
 
 def vips_table(vips: Sequence[Mapping[str, Any]]) -> Table:

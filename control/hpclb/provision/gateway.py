@@ -88,12 +88,12 @@ def host_name(ctx: Context, name: str | None) -> str:
 
 
 def unit_actions(ctx: Context, enable: Sequence[str]) -> list[Action]:
-    """Every ``appliance/systemd/*.service`` installed in /etc/systemd/system,
+    """Every ``appliance/systemd/*.service`` and ``*.path`` installed in /etc/systemd/system,
     the ``enable`` ones (those that exist) enabled, and started where systemd
     runs; where it does not (a container, a chroot), a line says so and the
     plan stops there. The node and client roles use this too."""
     src = ctx.src / "appliance" / "systemd"
-    units = sorted(src.glob("*.service"))
+    units = sorted([*src.glob("*.service"), *src.glob("*.path")])
     if not units:
         raise ProvisionError(f"no unit files in {src}")
     actions: list[Action] = [WriteFile(f"{UNIT_DIR}/{u.name}", u.read_bytes(), 0o644)
@@ -284,5 +284,9 @@ def plan(ctx: Context, opts: GatewayOptions) -> list[Action]:
     actions += server_keys(opts.keys_dir)
     actions += _host_actions(ctx, facts, opts, config)
     actions.append(Symlink(*CLI_LINK))
-    actions += unit_actions(ctx, GATEWAY_UNITS)  # last: without systemd, the plan stops here
+    # The BGP speaker (BIRD 2) when the configuration announces: its path unit
+    # starts it once hpclb has written the speaker's configuration.
+    speaker = ("hpclb-bird.path",) if (yaml.safe_load(config) or {}).get("bgp") else ()
+    # Last: without systemd, the plan stops here.
+    actions += unit_actions(ctx, (*GATEWAY_UNITS, *speaker))
     return actions

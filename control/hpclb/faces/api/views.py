@@ -108,6 +108,9 @@ class StatusView(BaseModel):
     pushes_pending: bool
     alarms: list[Alarm]
     counts: Counts
+    # BGP sessions and announcements (the `bgp:` section), as the controller
+    # reports them (hpclb.announce.speaker.Speaker.report); absent without one.
+    bgp: dict[str, Any] | None = None
 
 
 class CountersView(BaseModel):
@@ -255,7 +258,8 @@ def status_view(config: HpclbConfig, status: Status | None, revision: str) -> St
         alarms=[Alarm(source=str(a.get("source", "")), message=str(a.get("message", "")))
                 for a in s.get("alarms") or []],
         counts=Counts(vips=len(config.vips), pools=len(config.pools), backends=len(backends),
-                      backends_up=up))
+                      backends_up=up),
+        bgp=s.get("bgp"))
 
 
 class Finding(BaseModel):
