@@ -77,6 +77,10 @@ void lb_daemon_signals(void)
 	/* A hang-up of a terminal or session the daemon was started from must not
 	 * kill it without cleaning up: only SIGTERM/SIGINT stop it. */
 	signal(SIGHUP, SIG_IGN);
+	/* SIGUSR2 is `hpclb run`'s hand-over (an upgrade of the control plane);
+	 * `systemctl kill -s USR2 hpclb` without --kill-whom=main sends it to the
+	 * data plane too, which must keep forwarding for the successor. */
+	signal(SIGUSR2, SIG_IGN);
 }
 
 int lb_daemon_initial_config(struct lb_config *cfg, __u32 ring_size)

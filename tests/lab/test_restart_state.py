@@ -217,6 +217,9 @@ def test_an_upgrade_hand_over_leaves_the_data_plane_forwarding_for_the_successor
     stream = lab.start_stream(LAB_VIP, LAB_PORT, interval_ms=50, duration=5.0, timeout=10.0)
     time.sleep(1.0)
     assert app.proc is not None
+    # As `systemctl kill -s USR2 hpclb` without --kill-whom=main: the whole
+    # unit, data plane included (which ignores it).
+    os.kill(pid, signal.SIGUSR2)
     app.proc.send_signal(signal.SIGUSR2)
     assert app.proc.wait(timeout=30) == 0, app.log_text()
     app.proc = None

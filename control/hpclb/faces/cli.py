@@ -100,8 +100,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def hand_over() -> None:
         # An upgrade: this control plane ends and leaves the data plane
         # forwarding (and BGP announcing) for its successor, which adopts it
-        # (`systemctl kill -s USR2 hpclb`; systemd's Restart= starts the new
-        # release). Flows are never interrupted.
+        # (`systemctl kill --kill-whom=main -s USR2 hpclb`; the data planes
+        # ignore SIGUSR2 should it reach them; systemd's Restart= starts the
+        # new release). Flows are never interrupted.
         controller.keep_dataplane = True
         request(controller.stop_requested)
 
