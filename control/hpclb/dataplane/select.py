@@ -62,7 +62,8 @@ def _dpdk_blocker(config: HpclbConfig) -> str | None:
         free = reserve_hugepages(app.dpdk.hugepages_mb)
     if free < app.dpdk.hugepages_mb:
         return (f"{free} MB of 2 MB hugepages free, {app.dpdk.hugepages_mb} MB needed "
-                "(reserve them at boot, or set dpdk.reserve_hugepages)")
+                "(reserve them at boot: hpclb-prepare.service does; or, where hpclb "
+                "runs as root, set dpdk.reserve_hugepages)")
     return None
 
 

@@ -474,14 +474,18 @@ def _hugepages(inp: DiagnoseInputs) -> list[Finding]:
                 "info", "hugepages", "XDP chosen: too few free hugepages for DPDK",
                 "`dataplane: auto` takes DPDK only with the configured hugepages free; "
                 f"{hp.free_bytes >> 20} MB are free, {want >> 20} MB configured.",
-                "If DPDK was meant: reserve hugepages at boot (`hugepages=` on the kernel "
-                "command line) or set `appliance.dpdk.reserve_hugepages: true`.", evidence)]
+                "If DPDK was meant: reserve hugepages at boot (hpclb-prepare.service "
+                "reserves `dpdk.hugepages_mb`: `systemctl status hpclb-prepare`; or "
+                "`hugepages=` on the kernel command line); where hpclb runs as root, "
+                "`appliance.dpdk.reserve_hugepages: true` also does.", evidence)]
         return [_ok("hugepages", f"not used ({kind or 'unknown'} data plane)", evidence)]
     if hp is None or hp.total_bytes == 0:
         return [Finding("critical", "hugepages", "no hugepages reserved",
                         "The DPDK data plane needs hugepages for its memory; with none "
                         "reserved it cannot restart.",
-                        "`grep Huge /proc/meminfo`; reserve them at boot or set "
+                        "`grep Huge /proc/meminfo`; reserve them at boot "
+                        "(`systemctl restart hpclb-prepare` reserves `dpdk.hugepages_mb`) "
+                        "or, where hpclb runs as root, set "
                         "`appliance.dpdk.reserve_hugepages: true`.", evidence)]
     # A restarted data plane gets back the pages the running one maps, plus the free ones.
     held = inp.dataplane_hugetlb_bytes
