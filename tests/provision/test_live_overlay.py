@@ -32,6 +32,12 @@ mount -t sysfs -o ro sysfs "$T/m/sys"
 mount --rbind /dev "$T/m/dev"
 mount -t tmpfs tmpfs "$T/m/run"
 mount -t tmpfs tmpfs "$T/m/tmp"
+# A checkout under /tmp or /run (CI's clean clone) is hidden by those tmpfs:
+# shown again, read-only, at its own path.
+case "$REPO" in
+  /tmp/*|/run/*) mkdir -p "$T/m$REPO"; mount --bind "$REPO" "$T/m$REPO"
+                 mount -o remount,bind,ro "$T/m$REPO" ;;
+esac
 ip link set lo up
 # vagrant.yaml's data ports (XDP: nothing is bound), in this namespace only.
 ip link add eth2 type veth peer name eth3

@@ -343,6 +343,7 @@ def reloading(tmp_path: Path, running: str) -> Controller:
     ctl.config = load_config(ctl.config_path)
     ctl.choice = Choice(Dataplane.XDP, "configured")
     ctl.dataplane = SimpleNamespace(argv=dataplane_argv(ctl.config, ctl.choice))  # type: ignore[assignment]
+    ctl.speaker = None  # no `bgp:` in force: a commit has no announcements to follow
     return ctl
 
 
