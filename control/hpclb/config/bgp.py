@@ -34,6 +34,8 @@ from pydantic import (
     model_validator,
 )
 
+from hpclb.config.addresses import AnyAddress
+
 # RFC 1997 and RFC 8326 names, as BIRD spells them.
 WELL_KNOWN_COMMUNITIES = {
     "no-export": (65535, 65281),
@@ -46,16 +48,7 @@ ASN_MAX = 2**32 - 1
 PEER_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,31}$"
 
 
-def _address(v: Any) -> Any:
-    if isinstance(v, str):
-        try:
-            return ip_address(v.strip())
-        except ValueError:
-            raise ValueError("value is not a valid IPv4 or IPv6 address") from None
-    return v
-
-
-Address = Annotated[IPv4Address | IPv6Address, BeforeValidator(_address)]
+Address = AnyAddress
 Asn = Annotated[int, Field(strict=True, ge=1, le=ASN_MAX)]
 
 

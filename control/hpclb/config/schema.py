@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from enum import StrEnum
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpclb.config.addresses import AnyAddress, ip_address_text
 from hpclb.config.bgp import BgpConfig
 from hpclb.config.probes import ProbeConfig
 from hpclb.config.tunnel import TunnelConfig
@@ -50,20 +51,9 @@ NAT_NO_NAT64 = (
 )
 
 
-def _ip_address(v: Any) -> Any:
-    """Text -> IPv4Address or IPv6Address, with one error for both families
-    (a plain union would report one per family)."""
-    if isinstance(v, str):
-        try:
-            return ip_address(v.strip())
-        except ValueError:
-            raise ValueError("value is not a valid IPv4 or IPv6 address") from None
-    return v
-
-
 # A VIP's or a backend's address: the type the table contract carries. Which
 # family a mode takes is checked across fields (HpclbConfig._check_families).
-ServiceAddress = Annotated[IPv4Address | IPv6Address, BeforeValidator(_ip_address)]
+ServiceAddress = AnyAddress
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 IfName = Annotated[str, Field(pattern=r"^[^\s/]{1,15}$")]  # IFNAMSIZ - 1; PCI addresses fit
@@ -409,7 +399,7 @@ def _snat_unicast(v: IPv4Address | IPv6Address) -> IPv4Address | IPv6Address:
 # A SNAT pool address: IPv4 or IPv6 (a VIP's connections take one of its
 # family), unicast.
 SnatAddress = Annotated[
-    IPv4Address | IPv6Address, BeforeValidator(_ip_address), AfterValidator(_snat_unicast)
+    IPv4Address | IPv6Address, BeforeValidator(ip_address_text), AfterValidator(_snat_unicast)
 ]
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*")
 
@@ -512,7 +502,7 @@ class NatConfig(_Strict):
 class VipConfig(_Strict):
     name: Name
     mode: ForwardingMode = ForwardingMode.DSR
-    address: Annotated[IPv4Address | IPv6Address, BeforeValidator(_ip_address)]
+    address: Annotated[IPv4Address | IPv6Address, BeforeValidator(ip_address_text)]
     port: int = Field(strict=True, ge=1, le=65535)
     protocol: VipProtocol = VipProtocol.TCP
     pool: Name
