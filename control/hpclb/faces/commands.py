@@ -479,7 +479,8 @@ def client_options() -> argparse.ArgumentParser:
     g.add_argument("--api", metavar="URL",
                    help=f"the appliance's API (default ${API_ENV}, else {DEFAULT_API})")
     g.add_argument("--token-file", type=Path, metavar="FILE",
-                   help=f"a file holding the bearer token (default ${TOKEN_ENV}); "
+                   help=f"a file holding the bearer token (default: the token itself in "
+                   f"${TOKEN_ENV}); "
                    "a write token for changes")
     g.add_argument("--json", action="store_true", help="print the API's JSON (for scripts)")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",

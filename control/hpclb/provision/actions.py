@@ -383,8 +383,35 @@ class StartUnit(BaseAction):
         run(["systemctl", "start", self.unit], f"start {self.unit}")
 
 
+@dataclass
+class ReloadUnits(BaseAction):
+    """``systemctl daemon-reload`` when systemd holds an older definition of
+    one of ``units`` than the file (an upgrade rewrote a running unit's file:
+    without this the Restart= after the hand-over would run the old one).
+    Restarts nothing. Live only, where systemd runs."""
+
+    units: tuple[str, ...] = ()
+    live_only: bool = True
+
+    def describe(self) -> str:
+        return "systemctl daemon-reload"
+
+    def pending(self, ctx: Context) -> list[str]:
+        stale = []
+        for unit in self.units:
+            proc = subprocess.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value",
+                                   unit], capture_output=True, text=True, check=False)
+            if proc.stdout.strip() == "yes":
+                stale.append(unit)
+        return [f"{', '.join(stale)} changed on disk"] if stale else []
+
+    def apply(self, ctx: Context) -> None:
+        run(["systemctl", "daemon-reload"], "systemctl daemon-reload")
+
+
 __all__ = [
-    "SYSUSERS_CONF", "TMPFILES_CONF", "EnableUnit", "MakeDir", "RunLive", "StartUnit",
+    "SYSUSERS_CONF", "TMPFILES_CONF", "EnableUnit", "MakeDir", "ReloadUnits", "RunLive",
+    "StartUnit",
     "Symlink", "Sysusers", "Tmpfiles", "WriteFile", "gid", "run",
     "systemd_running", "uid",
 ]

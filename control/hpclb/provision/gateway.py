@@ -23,6 +23,7 @@ from hpclb.config import parse_config
 from hpclb.provision import cores, hostfacts, hugepages, nics, sysctls
 from hpclb.provision.actions import (
     EnableUnit,
+    ReloadUnits,
     StartUnit,
     Symlink,
     Sysusers,
@@ -102,6 +103,9 @@ def unit_actions(ctx: Context, enable: Sequence[str]) -> list[Action]:
     wanted = [u for u in enable if u in present]
     actions += [EnableUnit(u) for u in wanted]
     if not ctx.live or systemd_running(ctx):
+        # A running unit whose file was rewritten (an upgrade) is reloaded,
+        # not restarted; the stopped ones are started.
+        actions.append(ReloadUnits(tuple(u.name for u in units)))
         actions += [StartUnit(u) for u in wanted]  # under --root: reported as skipped
     else:
         actions.append(Note(

@@ -32,6 +32,7 @@ from hpclb.config import ConfigError, HpclbConfig, load_config
 from hpclb.config.schema import ForwardingMode, VipProtocol
 from hpclb.provision.actions import (
     EnableUnit,
+    ReloadUnits,
     RunLive,
     StartUnit,
     WriteFile,
@@ -235,6 +236,7 @@ def unit_actions(ctx: Context) -> list[Action]:
             raise ProvisionError(f"{src}: {err.strerror}") from None
     actions += [EnableUnit(u) for u in NODE_UNITS]
     if not ctx.live or systemd_running(ctx):
+        actions.append(ReloadUnits(tuple(NODE_UNITS)))  # a rewritten running unit
         actions += [StartUnit(u) for u in NODE_UNITS]  # skipped, and said so, under --root
     else:
         actions.append(Note("systemd is not running (no /run/systemd/system): the units are "
