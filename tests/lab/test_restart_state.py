@@ -228,8 +228,9 @@ def test_an_upgrade_hand_over_leaves_the_data_plane_forwarding_for_the_successor
     assert "leaving the data plane running" in app.log_text_full()
     app.resume()
     report = lab.wait_json(stream, timeout=30)
+    # The stream stops at its first error (each step has its own timeout): none
+    # means the connection was answered to its end, through the hand-over.
     assert report["errors"] == [] and len(report["distinct"]) == 1, report
-    assert len(report["names"]) >= 60, "the connection answered through the hand-over"
     log = app.log_text_full()[mark:]
     assert f"adopted running data plane pid {pid}" in log, log
     assert pushes_since(app, mark)[0].endswith(NOTHING_PUSHED), log

