@@ -9,14 +9,26 @@ from typing import Any
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 20.0,
-             interval_s: float = 0.2) -> Any:
+             interval_s: float = 0.2, explain: Callable[[], str] | None = None) -> Any:
     """``probe()`` until it returns something true (returned); AssertionError
-    naming ``what`` and the last value after ``timeout_s``."""
+    naming ``what`` and the last value after ``timeout_s``, with what
+    ``explain()`` says (logs, tables) appended."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s}s (last: {value!r})")
+            raise AssertionError(f"no {what} within {timeout_s}s (last: {value!r})"
+                                 + (f"\n{explain()}" if explain else ""))
         time.sleep(interval_s)
+
+
+def held_at(what: str, probe: Callable[[], Any], timeout_s: float, interval_s: float,
+            explain: Callable[[], str] | None = None,
+            clock: Callable[[], float] = time.monotonic) -> float:
+    """As :func:`wait_for`, returning ``clock()`` at the first poll where
+    ``probe()`` held (within ``interval_s`` of the moment): for suites that
+    time a change (figures, never asserted)."""
+    wait_for(what, probe, timeout_s, interval_s, explain)
+    return clock()

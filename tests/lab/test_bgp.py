@@ -41,6 +41,8 @@ import pytest
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
 
+from .polling import held_at
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
                        reason="lab tests need root (network namespaces, veth, XDP)"),
@@ -122,16 +124,10 @@ class Router:
         return res.stdout
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = 30.0,
+def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float,
              explain: Callable[[], str] | None = None) -> float:
     """Poll until ``predicate()``; returns when it first held (monotonic)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s} s"
-                                 + (f"\n{explain()}" if explain else ""))
-        time.sleep(POLL_S)
-    return time.monotonic()
+    return held_at(what, predicate, timeout_s, POLL_S, explain)
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,8 @@ from hpclb.lab.vrrp import (
     write_member_files,
 )
 
+from .polling import held_at
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
                        reason="lab tests need root (network namespaces, veth, XDP)"),
@@ -91,13 +93,9 @@ class Pair:
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float,
              explain: Callable[[], str] | None = None) -> float:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s} s"
-                                 + (f"\n{explain()}" if explain else ""))
-        time.sleep(POLL_S)
-    return time.time()
+    """Poll until ``predicate()``; returns when it first held (wall clock: the
+    captures' timestamps are)."""
+    return held_at(what, predicate, timeout_s, POLL_S, explain, clock=time.time)
 
 
 @pytest.fixture(scope="module")
