@@ -139,7 +139,9 @@ case "$role" in
                  librte-net-ice23 librte-net-mlx5-23 librte-net-vmxnet3-23 librte-mempool-ring23
                  kmod ethtool iputils-ping
                  # the BGP speaker (hpclb-bird.service), used when the configuration has bgp:
-                 bird2) ;;
+                 bird2
+                 # VRRP for an active/standby pair (hpclb-keepalived.service), with vrrp:
+                 keepalived) ;;
   node) pkgs=("${common_pkgs[@]}") ;;
   client) pkgs=("${common_pkgs[@]}" iputils-ping curl netsniff-ng tcpdump) ;;
 esac

@@ -4,8 +4,9 @@ A topology of its own (``hpclb.lab.vrrp.VrrpLab``): client, two appliances
 ``lba`` and ``lbb`` and three backends on one bridge; the client routes the VIP
 via the VRRP virtual address 198.18.0.1. Both appliances run `hpclb run` on XDP
 with the same configuration (same hash_key, same pool: the same rings) but for
-their name, namespace and management address, and keepalived rendered by
-``hpclb.lab.vrrp.render`` (VRRPv3, advert_int 0.5 s, nopreempt, a track script).
+their name, namespace, management address and `vrrp.role`, and keepalived
+rendered from it by ``hpclb.announce.vrrp.render`` (VRRPv3, advert_int 0.5 s,
+nopreempt, a track script), as provisioning renders it.
 
 In order (one pair for the module): the active holds the address and alone
 forwards; kill -9 of the active's keepalived, `hpclb run` and data plane moves
@@ -41,7 +42,9 @@ from typing import Any
 
 import pytest
 
+from hpclb.announce.vrrp import render, write_member_files
 from hpclb.config.loader import parse_config
+from hpclb.config.vrrp import VrrpConfig
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP
 from hpclb.lab.topology import Lab, default_pass_obj
 from hpclb.lab.vrrp import (
@@ -49,11 +52,8 @@ from hpclb.lab.vrrp import (
     Capture,
     Keepalived,
     PairMember,
-    PairSettings,
     VrrpLab,
     failover_gap,
-    render,
-    write_member_files,
 )
 
 from .polling import held_at
@@ -67,7 +67,9 @@ pytestmark = [
                        reason="tcpdump is not installed (the failover time's capture)"),
 ]
 
-SETTINGS = PairSettings(next_hop=VRRP_ADDRESS, advert_int=0.5)
+VRRP: dict[str, Any] = {"next_hop": VRRP_ADDRESS, "advert_int": 0.5}
+SETTINGS = VrrpConfig(role="active", **VRRP)  # the pair's settings, as loaded
+ROLES = {"lba": "active", "lbb": "standby"}
 WEIGHTS = {"b1": 1.0, "b2": 1.0, "b3": 1.0}
 STREAMS = 6
 STREAM_S = 10.0
@@ -106,11 +108,11 @@ def lab() -> Iterator[VrrpLab]:
         yield lab
 
 
-def start_keepalived(pair: Pair, member: str, role: str) -> None:
+def start_keepalived(pair: Pair, member: str) -> None:
     app, kad = pair.apps[member], pair.kads[member]
     config = parse_config(app.config_path.read_text(), str(app.config_path))
-    rendered = render(config, SETTINGS, role, run_dir=app.run_dir,
-                      check_script=kad.check_script)
+    assert config.vrrp is not None and config.vrrp.role == ROLES[member]
+    rendered = render(config, run_dir=app.run_dir, check_script=kad.check_script)
     write_member_files(rendered, kad.conf, kad.check_script)
     kad.start()
 
@@ -129,16 +131,17 @@ def pair(lab: VrrpLab) -> Iterator[Pair]:
         for member in lab.members:
             work = base / member
             work.mkdir()
-            apps[member] = PairMember(lab, member, work, WEIGHTS, dataplane="xdp")
+            apps[member] = PairMember(lab, member, work, WEIGHTS, VRRP, ROLES[member],
+                                      dataplane="xdp")
             kads[member] = Keepalived(lab, member, work)
         for member in lab.members:
             apps[member].start(timeout_s=60)
         # The active first: it wins the first election alone (both start
         # BACKUP with nopreempt), then the standby hears its adverts.
-        start_keepalived(p, "lba", "active")
+        start_keepalived(p, "lba")
         wait_for("the active holding the virtual address", lambda: lab.holds("lba"), 20,
                  p.explain)
-        start_keepalived(p, "lbb", "standby")
+        start_keepalived(p, "lbb")
         wait_for("the standby's keepalived in BACKUP", lambda: "Entering BACKUP STATE" in
                  kads["lbb"].log_path.read_text(), 20, p.explain)
         yield p
@@ -159,6 +162,7 @@ def test_same_tables_and_active_serves(lab: VrrpLab, pair: Pair) -> None:
     for c in configs:
         for key in ("name", "netns", "management_address", "control_socket"):
             c["appliance"].pop(key)
+        c["vrrp"].pop("role")
     assert configs[0] == configs[1]
     assert lab.holds("lba") and not lab.holds("lbb")
 
@@ -259,7 +263,7 @@ def test_kill9_active_fails_over(lab: VrrpLab, pair: Pair) -> None:
     # its keepalived removes the stale address as it starts.
     app.stop()
     app.start(timeout_s=60)
-    start_keepalived(pair, "lba", "active")
+    start_keepalived(pair, "lba")
     wait_for("lba's keepalived in BACKUP", lambda: "Entering BACKUP STATE" in
              kad.log_path.read_text(), 20, pair.explain)
     # Several advert intervals after it heard the master: still BACKUP.
@@ -327,7 +331,7 @@ def test_link_cut(lab: VrrpLab, pair: Pair) -> None:
     # lba repaired after test_member_dies_whole: program, processes.
     pair.apps["lba"].stop()
     pair.apps["lba"].start(timeout_s=60)
-    start_keepalived(pair, "lba", "active")
+    start_keepalived(pair, "lba")
     wait_for("lba back to BACKUP", lambda: vrrp_state(pair.kads["lba"]) == "BACKUP", 20,
              pair.explain)
     figures = failover(pair, "lbb", "lba", lambda: lab.set_link("lbb", "eth0", up=False),

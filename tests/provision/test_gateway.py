@@ -127,6 +127,38 @@ def test_the_bgp_speaker_is_enabled_only_where_the_configuration_announces(
     assert (other / "etc/systemd/system/multi-user.target.wants/hpclb-bird.path").is_symlink()
 
 
+def test_an_active_standby_member_gets_keepalived_files_and_unit(
+        provision, root: Path) -> None:
+    """With a `vrrp:` section: keepalived's configuration (0644) and track
+    script (0700, root's: keepalived's script security) rendered from the
+    configuration in force, and hpclb-keepalived.service enabled; without
+    one, the unit is installed but not enabled and no file is written. A
+    changed section is rendered again on the next run."""
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    conf, script = root / "etc/keepalived/hpclb.conf", root / "etc/keepalived/hpclb-vrrp-check.sh"
+    assert _gateway(provision, root).rc == 0
+    assert (root / "etc/systemd/system/hpclb-keepalived.service").is_file()
+    assert not (wants / "hpclb-keepalived.service").exists() and not conf.exists()
+
+    config = root / "etc/hpclb/hpclb.yaml"
+    config.write_text(config.read_text() + (
+        "vrrp:\n  role: standby\n  next_hop: 198.18.0.1\n  advert_int: 0.5\n"))
+    result = _gateway(provision, root)
+    assert result.rc == 0, result.err
+    assert (wants / "hpclb-keepalived.service").is_symlink()
+    assert conf.stat().st_mode & 0o777 == 0o644 and script.stat().st_mode & 0o777 == 0o700
+    text = conf.read_text()
+    assert "198.18.0.1/24" in text and "priority 100" in text and "advert_int 0.5" in text
+    assert 'script "/etc/keepalived/hpclb-vrrp-check.sh"' in text
+    assert f"/run/hpclb/{NAME}.status.json" in script.read_text()
+
+    config.write_text(config.read_text().replace("role: standby", "role: active"))
+    again = _gateway(provision, root)
+    assert again.rc == 0, again.err
+    assert "priority 150" in conf.read_text()
+    assert any("/etc/keepalived/hpclb.conf" in line for line in again.lines)
+
+
 def test_a_broken_example_is_a_clear_error_and_changes_nothing(
         provision, root: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"

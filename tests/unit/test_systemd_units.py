@@ -30,6 +30,7 @@ PREPARE = UNITS / "hpclb-prepare.service"
 TESTSERVER = UNITS / "hpclb-testserver.service"
 BIRD = UNITS / "hpclb-bird.service"
 BIRD_PATH = UNITS / "hpclb-bird.path"
+KEEPALIVED = UNITS / "hpclb-keepalived.service"
 ALL_UNITS = sorted(UNITS.glob("*.service"))
 DROP_INS = sorted((UNITS / "drop-ins").glob("hpclb-*.conf"))
 
@@ -48,10 +49,12 @@ DROP_IN_CAPABILITIES = {"hpclb-af-xdp.conf": {"CAP_SYS_ADMIN"},
 # Debian 12), measured: hpclb.service 2.5 as the user hpclb (2.8 as root with
 # a bounding set, 9.6 unhardened); hpclb-agent.service 1.9 "OK" (8.3 before);
 # hpclb-prepare.service 5.8 (root, every capability: host preparation);
-# hpclb-testserver.service 1.5 (a dynamic user, CAP_NET_BIND_SERVICE). The
+# hpclb-testserver.service 1.5 (a dynamic user, CAP_NET_BIND_SERVICE);
+# hpclb-keepalived.service 3.0 (root with three capabilities: VRRP). The
 # bounds leave a little room for another systemd's weights, none for dropping
 # a setting of weight >= 0.2 (or, for hpclb.service, going back to root).
-MAX_EXPOSURE = {HPCLB: 2.6, AGENT: 2.0, PREPARE: 6.0, TESTSERVER: 1.7, BIRD: 2.0}
+MAX_EXPOSURE = {HPCLB: 2.6, AGENT: 2.0, PREPARE: 6.0, TESTSERVER: 1.7, BIRD: 2.0,
+                KEEPALIVED: 3.1}
 # With a drop-in (CAP_SYS_ADMIN): measured 3.0 (af-xdp), 3.1 (netns: @mount too), 2.9
 # (noiommu).
 MAX_EXPOSURE_WITH_DROP_IN = 3.2
@@ -457,3 +460,19 @@ def test_exposure_with_a_drop_in_is_bounded(tmp_path: Path, drop_in: Path) -> No
     print(f"{HPCLB.name} + {drop_in.name}: exposure {exposure} {rating}")
     # The drop-in is read (CAP_SYS_ADMIN weighs), and stays within its bound.
     assert base < exposure <= MAX_EXPOSURE_WITH_DROP_IN, out[-3000:]
+
+
+def test_vrrp_runs_apart_from_the_control_plane_with_three_capabilities() -> None:
+    """keepalived (hpclb-keepalived.service) must not follow hpclb.service:
+    the track script hands the addresses over, so a control plane restart
+    that keeps the data plane moves nothing. Its parent stops the VRRP child
+    (KillMode=process), which resigns with a priority-0 advert."""
+    unit = parse_unit(KEEPALIVED)
+    keys = {k for k, _ in unit["Unit"]}
+    assert not keys & {"BindsTo", "PartOf", "Requires"}
+    service = dict(unit["Service"])
+    assert service["KillMode"] == "process"
+    assert set(service["CapabilityBoundingSet"].split()) == {
+        "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_DAC_READ_SEARCH"}
+    assert "--vrrp" in service["ExecStart"] and "/etc/keepalived/hpclb.conf" in service["ExecStart"]
+    assert "ProtectProc" not in service  # the track script reads /proc/PID of another user

@@ -1,8 +1,8 @@
-"""The VRRP pair's files (hpclb.lab.vrrp.render): keepalived.conf carries the
-pair's settings and passes keepalived's own configuration test (`keepalived -t`,
-keepalived 2.2), a broken one fails it; the track script says healthy only while
-the status file is fresh, the data plane's process lives and (XDP) a program is
-attached to the ingress."""
+"""The VRRP pair's files (hpclb.announce.vrrp.render, from the `vrrp:` section
+of the configuration): keepalived.conf carries the pair's settings and passes
+keepalived's own configuration test (`keepalived -t`, keepalived 2.2), a broken
+one fails it; the track script says healthy only while the status file is fresh,
+the data plane's process lives and (XDP) a program is attached to the ingress."""
 
 from __future__ import annotations
 
@@ -11,19 +11,21 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from hpclb.config.loader import parse_config
+from hpclb.announce.vrrp import Rendered, config_test, render, write_member_files
+from hpclb.config.loader import ConfigError, parse_config
 from hpclb.config.schema import HpclbConfig
-from hpclb.lab.vrrp import PairSettings, Rendered, config_test, render, write_member_files
 
 NEXT_HOP = "198.18.0.1"
 ADDRESSES = {"pair-a": "198.18.0.3", "pair-b": "198.18.0.4"}
 
 
-def config(name: str, dataplane: str = "xdp", ingress: str = "eth0") -> HpclbConfig:
+def config(name: str, vrrp: dict[str, Any], dataplane: str = "xdp",
+           ingress: str = "eth0") -> HpclbConfig:
     return parse_config(yaml.safe_dump({
         "appliance": {"name": name, "dataplane": dataplane,
                       "interfaces": {"ingress": ingress},
@@ -32,20 +34,31 @@ def config(name: str, dataplane: str = "xdp", ingress: str = "eth0") -> HpclbCon
                                      {"name": "b2", "address": "198.18.0.12"}]}},
         "vips": [{"name": "web", "address": "198.18.1.10", "port": 80, "pool": "p"},
                  {"name": "web2", "address": "198.18.1.11", "port": 80, "pool": "p"}],
+        "vrrp": vrrp,
     }), "test")
 
 
-def pair(tmp_path: Path, settings: PairSettings, dataplane: str = "xdp",
+def member_vrrp(settings: dict[str, Any], role: str) -> dict[str, Any]:
+    """One member's `vrrp:` section: the pair's settings, its role and, with
+    unicast adverts, its own address first."""
+    out = {**settings, "role": role}
+    if out.pop("unicast", False):
+        me, other = (ADDRESSES["pair-a"], ADDRESSES["pair-b"])[:: 1 if role == "active" else -1]
+        out |= {"unicast_src": me, "unicast_peer": other}
+    return out
+
+
+def pair(tmp_path: Path, settings: dict[str, Any], dataplane: str = "xdp",
          ingress: str = "eth0") -> dict[str, Rendered]:
-    return {role: render(config(name, dataplane, ingress), settings, role,
+    return {role: render(config(name, member_vrrp(settings, role), dataplane, ingress),
                          run_dir=tmp_path / "run", check_script=tmp_path / f"{name}.sh")
             for role, name in (("active", "pair-a"), ("standby", "pair-b"))}
 
 
 def test_rendered_carries_the_pair_settings(tmp_path: Path) -> None:
-    settings = PairSettings(next_hop=NEXT_HOP, vrid=42, advert_int=0.25, priorities=(200, 90),
-                            unicast=True, addresses=ADDRESSES, vips_on_interface=True,
-                            extra_addresses=(("10.20.0.1/16", "eth1"),))
+    settings = {"next_hop": NEXT_HOP, "vrid": 42, "advert_int": 0.25, "priority_active": 200,
+                "priority_standby": 90, "unicast": True, "vips_on_interface": True,
+                "extra_addresses": [{"address": "10.20.0.1/16", "interface": "eth1"}]}
     files = pair(tmp_path, settings)
     a, b = files["active"].keepalived_conf, files["standby"].keepalived_conf
     for text in (a, b):
@@ -66,29 +79,36 @@ def test_rendered_carries_the_pair_settings(tmp_path: Path) -> None:
 
 
 def test_defaults_multicast_next_hop_only(tmp_path: Path) -> None:
-    text = pair(tmp_path, PairSettings(next_hop=NEXT_HOP))["active"].keepalived_conf
+    text = pair(tmp_path, {"next_hop": NEXT_HOP})["active"].keepalived_conf
     instance = text.split("vrrp_instance")[1]
     assert "unicast_src_ip" not in instance and "unicast_peer" not in instance
     assert "198.18.1.10" not in text  # the VIPs stay put: only the next hop moves
     assert "advert_int 1\n" in text and "priority 150" in text
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"vrid": 0}, {"vrid": 256}, {"priorities": (100, 100)}, {"priorities": (100, 150)},
-    {"advert_int": 0.0}, {"unicast": True}, {"instance": "1bad"}, {"fall": 0},
-    {"extra_addresses": (("10.0.0.300/24", "eth1"),)},
-    {"extra_addresses": (("10.0.0.1/24", "eth1 x"),)},
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"vrid": 0}, "vrid"), ({"vrid": 256}, "vrid"),
+    ({"priority_active": 100, "priority_standby": 100}, "priority_active must be above"),
+    ({"priority_active": 100, "priority_standby": 150}, "priority_active must be above"),
+    ({"advert_int": 0.0}, "advert_int"), ({"advert_int": 0.125}, "centiseconds"),
+    ({"unicast_peer": "198.18.0.4"}, "both unicast_src"),
+    ({"unicast_peer": "198.18.0.4", "unicast_src": "198.18.0.4"}, "own address"),
+    ({"instance": "1bad"}, "instance"), ({"fall": 0}, "fall"), ({"role": "master"}, "role"),
+    ({"next_hop": "198.18.1.10"}, "is a VIP"), ({"bogus": 1}, "bogus"),
+    ({"extra_addresses": [{"address": "10.0.0.300/24", "interface": "eth1"}]}, "address"),
+    ({"extra_addresses": [{"address": "10.0.0.1/24", "interface": "eth1 x"}]}, "interface"),
 ])
-def test_settings_refused(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        PairSettings(next_hop=NEXT_HOP, **kwargs)  # type: ignore[arg-type]
+def test_settings_refused(kwargs: dict[str, object], says: str) -> None:
+    # A clear error naming the field, as for every section of the configuration.
+    with pytest.raises(ConfigError, match=says):
+        config("pair-a", {"next_hop": NEXT_HOP, "role": "active", **kwargs})
 
 
-def test_unicast_needs_own_address(tmp_path: Path) -> None:
-    settings = PairSettings(next_hop=NEXT_HOP, unicast=True,
-                            addresses={"x": "198.18.0.5", "y": "198.18.0.6"})
-    with pytest.raises(ValueError, match="no address for member"):
-        pair(tmp_path, settings)
+def test_no_section_no_files(tmp_path: Path) -> None:
+    plain = config("pair-a", {"next_hop": NEXT_HOP, "role": "active"}).model_copy(
+        update={"vrrp": None})
+    with pytest.raises(ValueError, match="no vrrp: section"):
+        render(plain, check_script=tmp_path / "x.sh")
 
 
 def in_netns_with(ifname: str) -> list[str]:
@@ -105,9 +125,10 @@ def in_netns_with(ifname: str) -> list[str]:
                     reason="keepalived -t runs in a namespace of its own: needs root")
 @pytest.mark.parametrize("unicast", [False, True])
 def test_keepalived_accepts_what_is_rendered(tmp_path: Path, unicast: bool) -> None:
-    settings = PairSettings(next_hop=NEXT_HOP, advert_int=0.5, unicast=unicast,
-                            addresses=ADDRESSES, vips_on_interface=unicast,
-                            extra_addresses=(("10.20.0.1/16", "hlbt0p"),) if unicast else ())
+    settings = {"next_hop": NEXT_HOP, "advert_int": 0.5, "unicast": unicast,
+                "vips_on_interface": unicast,
+                "extra_addresses": [{"address": "10.20.0.1/16", "interface": "hlbt0p"}]
+                if unicast else []}
     for (role, rendered), name in zip(pair(tmp_path, settings, ingress="hlbt0").items(),
                                       ("pair-a", "pair-b"), strict=True):
         conf, script = tmp_path / f"{role}.conf", tmp_path / f"{name}.sh"
@@ -141,7 +162,7 @@ def test_check_script_verdicts(tmp_path: Path) -> None:
     pid file, or a dead pid); 4 (XDP) no program on the ingress."""
     run = tmp_path / "run"
     run.mkdir()
-    settings = PairSettings(next_hop=NEXT_HOP, status_max_age_s=3)
+    settings = {"next_hop": NEXT_HOP, "status_max_age_s": 3}
     auto = pair(tmp_path, settings, dataplane="auto")["active"]  # no XDP check
     script = tmp_path / "check-auto.sh"
     write_member_files(auto, tmp_path / "a.conf", script)

@@ -8,6 +8,7 @@ floor imports only the contract beneath it.
 from __future__ import annotations
 
 from hpclb.config.document import ConfigDocument, EditError
+from hpclb.config.fleet import FleetConfig
 from hpclb.config.loader import (
     MAX_CONFIG_BYTES,
     ConfigError,
@@ -64,6 +65,7 @@ __all__ = [
     "DpdkConfig",
     "DpdkDriver",
     "EditError",
+    "FleetConfig",
     "ForwardingMode",
     "HpclbConfig",
     "IfName",

@@ -28,8 +28,10 @@ from pydantic import (
 
 from hpclb.config.addresses import AnyAddress, ip_address_text
 from hpclb.config.bgp import BgpConfig
+from hpclb.config.fleet import FleetConfig
 from hpclb.config.probes import ProbeConfig
 from hpclb.config.tunnel import TunnelConfig
+from hpclb.config.vrrp import VrrpConfig
 from hpclb.config.weights import WeightPolicy
 from hpclb.contract import tables
 
@@ -537,6 +539,11 @@ class HpclbConfig(_Strict):
     nat: NatConfig = Field(default_factory=NatConfig)
     # BGP announcements of the VIPs (hpclb.config.bgp); None: none.
     bgp: BgpConfig | None = None
+    # A fleet of appliances behind ECMP (hpclb.config.fleet): weights every
+    # member computes alike from the same samples; None: a lone appliance.
+    fleet: FleetConfig | None = None
+    # An active/standby pair with keepalived (hpclb.config.vrrp); None: none.
+    vrrp: VrrpConfig | None = None
 
     def vip_backend_port(self, vip: VipConfig) -> int:
         """The port a VIP's backends listen on: its backend_port, else its
@@ -817,6 +824,14 @@ class HpclbConfig(_Strict):
         if self.bgp is not None:
             for loc, msg in self.bgp.problems({v.address for v in self.vips}):
                 add((("bgp", *loc), msg))
+        if self.fleet is not None and self.fleet.members \
+                and self.appliance.name not in self.fleet.members:
+            add((("fleet", "members"),
+                 f"this appliance ({self.appliance.name!r}) is not one of the members "
+                 f"({', '.join(self.fleet.members)})"))
+        if self.vrrp is not None and self.vrrp.next_hop in {v.address for v in self.vips}:
+            add((("vrrp", "next_hop"), f"{self.vrrp.next_hop} is a VIP: the next hop is "
+                 "the address the VIPs are routed via"))
         if len(seen_backend) > tables.MAX_BACKENDS:
             add((("pools",), f"{len(seen_backend)} backends, at most {tables.MAX_BACKENDS}"))
         seen_name: dict[str, int] = {}

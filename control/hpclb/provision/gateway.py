@@ -19,7 +19,9 @@ from typing import Any
 
 import yaml
 
+from hpclb.announce import vrrp
 from hpclb.config import parse_config
+from hpclb.config.vrrp import CHECK_SCRIPT, KEEPALIVED_CONF
 from hpclb.provision import cores, hostfacts, hugepages, nics, sysctls
 from hpclb.provision.actions import (
     EnableUnit,
@@ -47,6 +49,8 @@ from hpclb.provision.render import (
 UNIT_DIR = "/etc/systemd/system"
 #: The units the gateway enables, in start order (those present are enabled).
 GATEWAY_UNITS = ("hpclb-prepare.service", "hpclb.service")
+#: keepalived for an active/standby pair (enabled with a `vrrp:` section).
+VRRP_UNIT = "hpclb-keepalived.service"
 #: DPDK drivers that wrap a kernel interface: no vfio-pci binding.
 VDEV_DRIVERS = ("af_xdp", "af_packet")
 #: ``hpclb`` on PATH for the operator (sudo hpclb status).
@@ -291,6 +295,21 @@ def plan(ctx: Context, opts: GatewayOptions) -> list[Action]:
     # The BGP speaker (BIRD 2) when the configuration announces: its path unit
     # starts it once hpclb has written the speaker's configuration.
     speaker = ("hpclb-bird.path",) if (yaml.safe_load(config) or {}).get("bgp") else ()
+    pair_actions, pair_units = vrrp_actions(config)
+    actions += pair_actions
     # Last: without systemd, the plan stops here.
-    actions += unit_actions(ctx, (*GATEWAY_UNITS, *speaker))
+    actions += unit_actions(ctx, (*GATEWAY_UNITS, *speaker, *pair_units))
     return actions
+
+
+def vrrp_actions(config: str) -> tuple[list[Action], tuple[str, ...]]:
+    """With a `vrrp:` section: keepalived's configuration and track script
+    (rendered from the configuration in force, rewritten when it changed: they
+    are hpclb's, not the operator's) and the unit that runs them."""
+    parsed = parse_config(config, CONFIG)
+    if parsed.vrrp is None:
+        return [], ()
+    rendered = vrrp.render(parsed, check_script=CHECK_SCRIPT)
+    return ([WriteFile(str(CHECK_SCRIPT), rendered.check_script, 0o700),
+             WriteFile(str(KEEPALIVED_CONF), rendered.keepalived_conf, 0o644)],
+            (VRRP_UNIT,))
