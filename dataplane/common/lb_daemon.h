@@ -29,13 +29,16 @@
 #define LB_DAEMON_OPTION_SOCKET { "socket", required_argument, NULL, 's' }
 #define LB_DAEMON_OPTION_RING_SIZE { "ring-size", required_argument, NULL, 'r' }
 #define LB_DAEMON_OPTION_LOG_LEVEL { "log-level", required_argument, NULL, 'l' }
+#define LB_DAEMON_OPTION_ALIVE_INTERFACE { "alive-interface", required_argument, NULL, 'a' }
 
 struct lb_daemon_opts {
 	const char *socket; /* --socket: the control channel's ZeroMQ endpoint */
 	__u32 ring_size;    /* --ring-size: slots of every VIP's ring, fixed at start */
+	const char *alive_iface; /* --alive-interface: NULL when none (lb_daemon_alive_up) */
 };
 
-/* The defaults: LB_DAEMON_DEFAULT_SOCKET, LB_RING_SIZE_DEFAULT. */
+/* The defaults: LB_DAEMON_DEFAULT_SOCKET, LB_RING_SIZE_DEFAULT, no
+ * liveness interface. */
 void lb_daemon_opts_init(struct lb_daemon_opts *d);
 
 /* One getopt_long result c with its optarg. 1: a shared option, taken; 0: not
@@ -45,6 +48,32 @@ int lb_daemon_parse_opt(struct lb_daemon_opts *d, int c, const char *arg);
 
 /* After getopt_long: the daemons take no operands. 0, or -1 (logged). */
 int lb_daemon_check_operands(int argc, char **argv);
+
+/* ---- the liveness interface ---------------------------------------------- */
+
+/* --alive-interface NAME: a TUN device that exists exactly as long as the
+ * daemon lives. The BGP speaker (BIRD, in the same network namespace)
+ * announces each VIP as a route through it, valid only while the interface
+ * exists and is up: when the daemon dies, even by SIGKILL with `hpclb run`
+ * dead too, the kernel closes the descriptor, deletes the interface and
+ * BIRD, told over netlink, withdraws the VIPs at once.
+ *
+ * A name the kernel would take: 1..15 characters of [A-Za-z0-9_.-], not "."
+ * or "..". 1 or 0. */
+int lb_daemon_valid_alive_name(const char *name);
+
+/* Creates the non-persistent TUN device name (NULL: nothing), sets it up and
+ * keeps its descriptor until lb_daemon_alive_down or the process's end.
+ * Called once the daemon forwards and is about to serve. A failure (no
+ * /dev/net/tun, no CAP_NET_ADMIN, the name held by a predecessor that does
+ * not exit within a second) is logged as a warning and ignored: the
+ * coupling is lost, never the traffic. Call it from the namespace BIRD runs
+ * in (after --netns). */
+void lb_daemon_alive_up(const char *name);
+
+/* Closes the descriptor, which deletes the interface (idempotent). A daemon
+ * that stops removes it first, before detaching or stopping its ports. */
+void lb_daemon_alive_down(void);
 
 /* ---- signals ------------------------------------------------------------- */
 
@@ -77,11 +106,14 @@ struct lb_daemon_ctl {
 int lb_daemon_ctl_open(struct lb_daemon_ctl *ctl, const char *endpoint);
 
 /* Logs "ready" (the line supervisors and tests wait for), then serves srv
- * until lb_daemon_stop is set. 0 when a signal stopped it (logged), -1 when
+ * until lb_daemon_stop is set; then takes the liveness interface down
+ * (lb_daemon_alive_down) before the daemon's own clean-up. 0 when a signal
+ * stopped it (logged), -1 when
  * serving failed (the daemon exits with an error). */
 int lb_daemon_ctl_serve(struct lb_daemon_ctl *ctl, struct lb_proto_server *srv);
 
-/* Closes what lb_daemon_ctl_open made, if anything; ctl is zeroed. */
+/* Closes what lb_daemon_ctl_open made, if anything; ctl is zeroed. Takes the
+ * liveness interface down too (a start that failed after it was up). */
 void lb_daemon_ctl_close(struct lb_daemon_ctl *ctl);
 
 #endif /* HPCLB_LB_DAEMON_H */

@@ -6,6 +6,7 @@
  *              [--socket ENDPOINT] [--ring-size PRIME] [--flow-table-size N]
  *              [--flow-timeout S] [--conn-table-size N] [--netns NAME]
  *              [--idle-sleep-us N] [--numa strict|warn] [--log-level L]
+ *              [--alive-interface NAME]
  *              [--bench-frames PCAP [--bench macswap|forget-flows]]
  *
  * The main lcore serves the table protocol (lb_proto_ops.c) as hpclb-xdp
@@ -70,7 +71,9 @@ static void usage(FILE *f)
 		"       [--ring-size PRIME] [--flow-table-size N] [--flow-timeout S]\n"
 		"       [--conn-table-size N] [--netns NAME] [--idle-sleep-us N]\n"
 		"       [--numa strict|warn] [--bench-frames PCAP [--bench macswap|forget-flows]]\n"
-		"       [--log-level error|warn|info|debug]\n"
+		"       [--alive-interface NAME] [--log-level error|warn|info|debug]\n"
+		"--alive-interface: a TUN device that exists while this process lives (in the\n"
+		"--netns namespace), for the BGP speaker's routes to the VIPs.\n"
 		"DEV is a DPDK device name (net_af_xdp0, 0000:3b:00.0), TAP the net_tap vdev\n"
 		"that is its exception path to the kernel. The first --port is port 0.\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
@@ -99,6 +102,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "numa", required_argument, NULL, 'N' },
 		{ "bench", required_argument, NULL, 'B' },
 		{ "bench-frames", required_argument, NULL, 'F' },
+		LB_DAEMON_OPTION_ALIVE_INTERFACE,
 		LB_DAEMON_OPTION_LOG_LEVEL,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -421,6 +425,8 @@ int main(int argc, char **argv)
 		lb_log(LB_LOG_WARN, "--bench-frames%s: a cost measurement, not a load balancer",
 		       o.bench == FWD_BENCH_MACSWAP ? " --bench macswap" :
 		       o.bench == FWD_BENCH_FORGET_FLOWS ? " --bench forget-flows" : "");
+	/* The workers forward: the speaker may announce through it. */
+	lb_daemon_alive_up(o.common.alive_iface);
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	clock_gettime(CLOCK_MONOTONIC, &t_ready);
 	lb_log(LB_LOG_INFO, "start-up: main at %lld.%06ld, EAL init %.1f ms, ports %.1f ms, "

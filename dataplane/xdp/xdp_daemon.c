@@ -107,7 +107,9 @@ static void usage(FILE *f)
 		"usage: " PROG " --iface IF [--egress IF]... [--netns NAME] [--socket ENDPOINT]\n"
 		"       [--ring-size PRIME] [--flow-table-size N] [--conn-table-size N]\n"
 		"       [--xdp-mode auto|native|generic] [--pin-dir DIR] [--no-attach]\n"
-		"       [--log-level error|warn|info|debug]\n"
+		"       [--alive-interface NAME] [--log-level error|warn|info|debug]\n"
+		"--alive-interface: a TUN device that exists while this process lives (in the\n"
+		"          --netns namespace), for the BGP speaker's routes to the VIPs\n"
 		"defaults: --socket " LB_DAEMON_DEFAULT_SOCKET ", --ring-size %u, "
 		"--flow-table-size %u (entries of each of the IPv4 and IPv6 flow tables),\n"
 		"          --conn-table-size %u (entries of each of the IPv4 and IPv6 connection tables;\n"
@@ -130,6 +132,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "xdp-mode", required_argument, NULL, 'm' },
 		{ "pin-dir", required_argument, NULL, 'p' },
 		{ "no-attach", no_argument, NULL, 'A' },
+		LB_DAEMON_OPTION_ALIVE_INTERFACE,
 		LB_DAEMON_OPTION_LOG_LEVEL,
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -830,6 +833,8 @@ int main(int argc, char **argv)
 		info.attach_mode = attach_mode_name(&att);
 		lb_proto_server_set_info(srv, &info);
 	}
+	/* Attached and about to serve: the speaker may announce through it. */
+	lb_daemon_alive_up(o.common.alive_iface);
 	lb_log(LB_LOG_INFO, "serving %s", o.common.socket);
 	if (lb_daemon_ctl_serve(&ctl, srv) == 0)
 		ret = 0;

@@ -401,20 +401,22 @@ def test_units_verify(tmp_path: Path) -> None:
     _verify(tool, root, [u.name for u in ALL_UNITS] + [BIRD_PATH.name])
 
 
-def test_the_bgp_speaker_outlives_the_control_plane_with_one_capability() -> None:
+def test_the_bgp_speaker_outlives_the_control_plane_with_two_capabilities() -> None:
     """BIRD (hpclb-bird.service) must keep announcing while the data plane
     forwards without its control plane (kill -9, --keep-dataplane, an upgrade's
     hand-over): not bound to hpclb.service. It runs as Debian's `bird` user in
     group hpclb (it reads hpclb's files in /run/hpclb/bird and its socket is
-    the control plane's), binds port 179 and nothing more; its path unit starts
-    it only once hpclb has written its configuration (no stale VIP at boot)."""
+    the control plane's), binds port 179 and gives BFD's sockets their
+    priority (raw), nothing more; its path unit starts it only once hpclb has
+    written its configuration (no stale VIP at boot)."""
     bird, path = Unit(BIRD), Unit(BIRD_PATH)
     for key in ("BindsTo", "PartOf", "Requires", "Requisite"):
         assert not any("hpclb.service" in v.split() for v in bird.values(key, "Unit")), key
     assert bird.get("User") == "bird" and bird.get("Group") == "hpclb"
     assert bird.get("UMask") == "0007"
-    assert bird.words("CapabilityBoundingSet") == ["CAP_NET_BIND_SERVICE"]
-    assert bird.words("AmbientCapabilities") == ["CAP_NET_BIND_SERVICE"]
+    # Port 179, and raw for BFD's SO_PRIORITY 7: nothing else.
+    assert bird.words("CapabilityBoundingSet") == ["CAP_NET_BIND_SERVICE", "CAP_NET_RAW"]
+    assert bird.words("AmbientCapabilities") == ["CAP_NET_BIND_SERVICE", "CAP_NET_RAW"]
     assert bird.get("NoNewPrivileges") == "yes" and bird.get("ProtectSystem") == "strict"
     assert bird.words("ReadWritePaths") == ["/run/hpclb/bird"]
     assert bird.get("ConditionPathExists", "Unit") == "/run/hpclb/bird/bird.conf"

@@ -3,12 +3,19 @@ section, and its control socket.
 
 hpclb writes two files into ``bgp.config_dir``: ``bird.conf`` (router id,
 one BGP protocol per peer, exporting only hpclb's static routes, nothing
-imported) and ``vips.conf`` (two static protocols holding one blackhole route
-per announced VIP address, with its MED and communities), which bird.conf
-includes. A change is applied with ``configure`` on the control socket:
-BIRD compares the new configuration with the running one and restarts only
-the protocols whose settings changed; a new vips.conf changes only the static
-protocols' routes, so sessions stay up and only UPDATEs are sent.
+imported; BFD when configured) and ``vips.conf`` (two static protocols holding
+one route per announced VIP address, with its MED and communities), which
+bird.conf includes. Each route goes through the data plane's liveness
+interface (``bgp.alive_interface``, a TUN device the data plane holds for its
+life): a static device route is valid only while its interface exists and is
+up, so BIRD withdraws every VIP by itself, told by the kernel over netlink,
+when the data plane dies, even with `hpclb run` dead too. Without one, the
+routes are blackholes, withdrawn only by hpclb.
+
+A change is applied with ``configure`` on the control socket: BIRD compares
+the new configuration with the running one and restarts only the protocols
+whose settings changed; a new vips.conf changes only the static protocols'
+routes, so sessions stay up and only UPDATEs are sent.
 
 The socket speaks BIRD's CLI protocol (doc/prog "Remote control"): each
 reply line is a 4-digit code, then '-' (more follows) or ' ' (last line), or a
@@ -33,6 +40,7 @@ from hpclb.config.bgp import BgpConfig, parse_community
 VIPS4 = "hpclb_vips4"
 VIPS6 = "hpclb_vips6"
 EXPORT = "hpclb_export"  # the peers' export filter, in vips.conf
+BFD = "hpclb_bfd"
 # A peer's protocol is "bgp_NAME": a peer may then be named like one of
 # BIRD's keywords (router, device, static...).
 PEER_PREFIX = "bgp_"
@@ -56,18 +64,22 @@ def _attributes(med: int | None, communities: Iterable[str]) -> str:
     return " ".join(parts)
 
 
-def render_vips(config: BgpConfig, announced: Iterable[str]) -> str:
-    """vips.conf: one blackhole route per announced address (the route exists
-    only to be exported: BIRD on the appliance has no kernel protocol), and the
-    export filter that gives each its MED and communities. The attributes are
-    set in the export filter, not on the static routes: BIRD sends an eBGP
-    peer a MED only when the export filter set it (RFC 4271 5.1.4)."""
+def render_vips(config: BgpConfig, announced: Iterable[str],
+                device: str | None = None) -> str:
+    """vips.conf: one route per announced address (the route exists only to
+    be exported: BIRD on the appliance has no kernel protocol), and the export
+    filter that gives each its MED and communities. The route goes through
+    ``device`` (the data plane's liveness interface: valid only while it
+    exists and is up), or is a blackhole when None. The attributes are set in
+    the export filter, not on the static routes: BIRD sends an eBGP peer a MED
+    only when the export filter set it (RFC 4271 5.1.4)."""
+    target = "blackhole" if device is None else f'via "{device}"'
     routes: dict[int, list[str]] = {4: [], 6: []}
     clauses = []
     for address in sorted(announced, key=lambda a: (ip_address(a).version, ip_address(a))):
         addr = ip_address(address)
         net = f"{addr}/{addr.max_prefixlen}"
-        routes[addr.version].append(f"  route {net} blackhole;")
+        routes[addr.version].append(f"  route {net} {target};")
         attrs = _attributes(*config.attributes(address))
         clauses.append(f"  if net = {net} then {{ {attrs + ' ' if attrs else ''}accept; }}")
     out = [HEADER.rstrip("\n"), "# The VIP addresses announced now."]
@@ -92,6 +104,13 @@ def render_bird(config: BgpConfig, vips_path: Path) -> str:
         "protocol device { scan time 10; }",
         f'include "{vips_path}";',
     ]
+    bfd = config.bfd
+    if bfd.enabled:
+        # One BFD session per BGP peer, requested by its `bfd on;`; the
+        # same timers for directly connected and multihop peers.
+        timers = f"interval {bfd.interval_ms} ms; multiplier {bfd.multiplier};"
+        lines += [f"protocol bfd {BFD} {{", f'  interface "*" {{ {timers} }};',
+                  f"  multihop {{ {timers} }};", "}"]
     for peer in config.peers:
         local = f"local {peer.source_address} " if peer.source_address else "local "
         hop4 = "next hop self;" if config.next_hop == "self" else \
@@ -105,6 +124,7 @@ def render_bird(config: BgpConfig, vips_path: Path) -> str:
             f"  neighbor {peer.address} port {peer.port} as {peer.asn};",
             f"  hold time {peer.hold_time_s or config.hold_time_s};",
             *([f"  multihop {peer.multihop};"] if peer.multihop else []),
+            *(["  bfd on;"] if bfd.enabled else []),
             f"  ipv4 {{ {' '.join(filter(None, ('import none;', export, hop4)))} }};",
             f"  ipv6 {{ {' '.join(filter(None, ('import none;', export, hop6)))} }};",
         ]
@@ -114,9 +134,11 @@ def render_bird(config: BgpConfig, vips_path: Path) -> str:
 
 def parse_vips(text: str) -> set[str]:
     """The addresses a vips.conf announces (what the speaker announces after a
-    control-plane restart, if it was reconfigured with it)."""
+    control-plane restart, if it was reconfigured with it): blackhole routes
+    or routes through the liveness interface."""
     return {str(ip_address(m.group(1)))
-            for m in re.finditer(r"^\s*route\s+(\S+)/\d+\s+blackhole", text, re.M)}
+            for m in re.finditer(r'^\s*route\s+(\S+)/\d+\s+(?:blackhole|via\s+"[^"]*")\s*;',
+                                 text, re.M)}
 
 
 def write_if_changed(path: Path, text: str) -> bool:
@@ -261,6 +283,26 @@ def parse_protocols(reply: Reply) -> list[Session]:
 
 def show_protocols(sock_path: Path, timeout_s: float = 5.0) -> list[Session]:
     return parse_protocols(command(sock_path, "show protocols all", timeout_s))
+
+
+def parse_bfd(reply: Reply) -> dict[str, str]:
+    """`show bfd sessions`: peer address -> state (Up, Down, Init, AdminDown).
+    Each session is a line under code 1020: address, interface ("---" for a
+    multihop one), state, since, interval, timeout."""
+    out: dict[str, str] = {}
+    for code, text in reply.lines:
+        cols = text.split()
+        if code != 1020 or len(cols) < 3:
+            continue
+        try:
+            out[str(ip_address(cols[0]))] = cols[2]
+        except ValueError:
+            continue  # the protocol's name, the header
+    return out
+
+
+def show_bfd(sock_path: Path, timeout_s: float = 5.0) -> dict[str, str]:
+    return parse_bfd(command(sock_path, "show bfd sessions", timeout_s))
 
 
 def wait_socket(sock_path: Path, timeout_s: float) -> bool:

@@ -40,6 +40,12 @@ ALARM_AFTER_S = 10.0
 class Speaker:
     def __init__(self, config: BgpConfig) -> None:
         self.config = config
+        # The liveness interface the VIPs' routes go through: the configured
+        # one until the controller says which the running data plane holds
+        # (``set_device``); None: blackhole routes.
+        self.device = config.alive_interface
+        # BFD session states by peer address (`show bfd sessions`), when enabled.
+        self.bfd: dict[str, str] = {}
         self.announcements = Announcements(config.damping)
         self.sessions: list[bird.Session] = []
         self.error: str | None = None  # the speaker's last fault, None when it answers
@@ -49,6 +55,9 @@ class Speaker:
         self._last_try = float("-inf")
         self._last_sessions = float("-inf")
         self._error_since: float | None = None  # monotonic, while ``error`` holds
+        # Monotonic, while VIPs are announced and an established session
+        # exports none of them (e.g. the liveness interface is missing).
+        self._unexported_since: float | None = None
         self.configures = 0
 
     @property
@@ -69,7 +78,7 @@ class Speaker:
             folder.mkdir(parents=True, exist_ok=True)
             folder.chmod(0o770)
         changed = bird.write_if_changed(self.vips_conf, bird.render_vips(
-            self.config, self.announcements.announced()))
+            self.config, self.announcements.announced(), self.device))
         changed |= bird.write_if_changed(self.bird_conf,
                                          bird.render_bird(self.config, self.vips_conf))
         return changed
@@ -88,6 +97,19 @@ class Speaker:
             log.info("bgp: the speaker announces %s from before this start: kept until "
                      "the first decision", ", ".join(sorted(kept)))
         self._write()
+
+    def set_device(self, device: str | None) -> None:
+        """The liveness interface the running data plane holds (from its
+        command line), None when it holds none. A data plane started before
+        the section was added or changed, or by an older hpclb, holds none or
+        another: routes through an absent interface would announce nothing,
+        so the routes follow the data plane."""
+        if device == self.device:
+            return
+        log.info("bgp: the VIPs' routes go %s", f"through {device}" if device
+                 else "nowhere (blackhole): the data plane holds no liveness interface")
+        self.device = device
+        self.pending, self._last_try = True, float("-inf")
 
     def reconfigure(self, config: BgpConfig) -> None:
         """A reload: new peers, attributes or damping; sessions whose settings
@@ -141,6 +163,7 @@ class Speaker:
                 self.error = str(err)
             self.sessions = []
             return
+        self._read_bfd()
         old = {s.name: s.bgp_state for s in self.sessions}
         for s in sessions:
             if old.get(s.name) != s.bgp_state and (s.name in old or s.bgp_state):
@@ -149,6 +172,18 @@ class Speaker:
         self.sessions = sessions
         if not self.pending:
             self.error = None
+
+    def _read_bfd(self) -> None:
+        """The BFD sessions' states, when BFD is on (one more command on the
+        local socket, each SESSIONS_S)."""
+        if not self.config.bfd.enabled:
+            self.bfd = {}
+            return
+        try:
+            self.bfd = bird.show_bfd(self.config.control_socket, SHOW_TIMEOUT_S)
+        except bird.BirdError as err:
+            log.debug("bgp: show bfd sessions: %s", err)
+            self.bfd = {}
 
     def withdraw_all(self, inputs: Inputs, wait: bool = True) -> None:
         """Before the data plane stops: withdraw every VIP, then give the
@@ -170,7 +205,8 @@ class Speaker:
 
     def alarms(self, now: float, wall: float) -> list[dict[str, Any]]:
         """Faults that lasted ALARM_AFTER_S: the speaker unreachable or refusing
-        its configuration, a session not established."""
+        its configuration, a session not established, VIPs announced but not
+        exported."""
         if self.error is None:
             self._error_since = None
         elif self._error_since is None:
@@ -184,6 +220,30 @@ class Speaker:
                 out.append({"source": "bgp",
                             "message": f"BGP session {s.name} ({s.neighbor}) "
                                        f"{s.bgp_state or s.state} for {wall - s.since:.0f}s"})
+        # Announced, told to BIRD, yet not exported: BIRD holds no valid
+        # route, e.g. the data plane could not create its liveness interface
+        # (its log says why) or BIRD runs in another namespace.
+        silent = [s.name for s in self.sessions
+                  if s.bgp_state == "Established" and s.routes_exported == 0]
+        if silent and self.announcements.announced() and not self.pending:
+            if self._unexported_since is None:
+                self._unexported_since = now
+        else:
+            self._unexported_since = None
+        if self._unexported_since is not None and now - self._unexported_since >= ALARM_AFTER_S:
+            why = (f": is the liveness interface {self.device} missing in BIRD's namespace? "
+                   "(the data plane's log says whether it created it)" if self.device else "")
+            out.append({"source": "bgp",
+                        "message": f"BGP: VIPs announced but BIRD exports none to "
+                                   f"{', '.join(silent)}{why}"})
+        return out
+
+    def _session_report(self, session: bird.Session, wall: float) -> dict[str, Any]:
+        out = session.report(wall)
+        if self.config.bfd.enabled:
+            # BFD's state for the peer (Up, Down, Init, AdminDown), None
+            # while BIRD has no BFD session to it.
+            out["bfd"] = self.bfd.get(session.neighbor or "")
         return out
 
     def report(self, now: float, wall: float) -> dict[str, Any]:
@@ -192,7 +252,9 @@ class Speaker:
             "local_asn": self.config.local_asn, "router_id": str(self.config.router_id),
             "reachable": self.error is None, "error": self.error, "pending": self.pending,
             "configures": self.configures,
-            "sessions": [s.report(wall) for s in self.sessions],
+            "alive_interface": self.device,
+            "bfd": self.config.bfd.enabled,
+            "sessions": [self._session_report(s, wall) for s in self.sessions],
             "announcements": self.announcements.report(now),
         }
 

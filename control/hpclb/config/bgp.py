@@ -15,6 +15,12 @@ speaker is BIRD 2, a separate service (hpclb.announce): hpclb writes its
 configuration (``config_dir``) and reconfigures it through its control
 socket. Damping (RFC 2439's penalty, with seconds instead of minutes) delays
 a VIP's return after it flapped; a withdrawal is never delayed.
+
+Two couplings work without hpclb: each VIP is announced as a route through
+the data plane's liveness interface (``alive_interface``), which leaves with
+the data plane's process, so BIRD withdraws a dead data plane's VIPs even
+with `hpclb run` dead too; and BFD (``bfd``) lets a router drop a silent
+appliance in interval x multiplier instead of the hold time.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ WELL_KNOWN_COMMUNITIES = {
 ASN_MAX = 2**32 - 1
 # A peer's name becomes a BIRD protocol's (bgp_NAME): letters, digits, underscores.
 PEER_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,31}$"
+# The liveness interface's name: one the kernel takes (IFNAMSIZ - 1) and the
+# data plane checks the same way (lb_daemon_valid_alive_name).
+ALIVE_NAME = r"[A-Za-z0-9_.-]{1,15}"
 
 
 Address = AnyAddress
@@ -117,6 +126,23 @@ class DampingConfig(_Strict):
         return self.reuse * math.pow(2.0, self.max_suppress_s / self.half_life_s)
 
 
+class BfdConfig(_Strict):
+    """BFD (RFC 5880) on every BGP session: the router drops the session, and
+    with it the routes through this appliance, once ``multiplier`` control
+    packets in a row (every ``interval_ms``) were missed, instead of after the
+    hold time. The router must run BFD too (e.g. BIRD's `bfd on;`, FRR's
+    `neighbor X bfd`): against a router without it the BFD session stays
+    Down and the BGP session works as without BFD (BIRD drops a session only
+    when its BFD session goes down after it was up). BIRD needs CAP_NET_RAW
+    for BFD: it gives the sockets SO_PRIORITY 7 (checked on Linux 6.18; older
+    kernels may want CAP_NET_ADMIN for it)."""
+
+    enabled: bool = False
+    # The desired minimal transmit and required minimal receive interval.
+    interval_ms: int = Field(300, strict=True, ge=10, le=60000)
+    multiplier: int = Field(3, strict=True, ge=1, le=255)
+
+
 class BgpPeer(_Strict):
     name: str = Field(pattern=PEER_NAME)
     address: Address
@@ -169,6 +195,13 @@ class BgpConfig(_Strict):
     # On a stop that takes the data plane down: how long the withdrawal is given
     # to reach the routers before the data plane stops.
     withdraw_wait_s: float = Field(2.0, ge=0, le=60)
+    # A TUN device the data plane creates and holds for its whole life (it
+    # leaves with the process, even killed -9); each VIP is announced as a
+    # route through it, valid only while it exists and is up: BIRD withdraws
+    # the VIPs of a dead data plane at once, with `hpclb run` dead too. None:
+    # blackhole routes, withdrawn only by `hpclb run` (or the hold time).
+    alive_interface: str | None = "hpclb-alive"
+    bfd: BfdConfig = Field(default_factory=BfdConfig)
 
     @field_validator("router_id", mode="before")
     @classmethod
@@ -179,6 +212,24 @@ class BgpConfig(_Strict):
             except ValueError:
                 raise ValueError("the router id is written as an IPv4 address "
                                  "(e.g. the appliance's own IPv4 address)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _bfd_multihop(self) -> BgpConfig:
+        if self.bfd.enabled:
+            for peer in self.peers:
+                if peer.multihop and peer.source_address is None:
+                    raise ValueError(f"peer {peer.name} is multihop: BFD to it needs its "
+                                     "source_address (BIRD binds the BFD session to it)")
+        return self
+
+    @field_validator("alive_interface")
+    @classmethod
+    def _alive_interface(cls, v: str | None) -> str | None:
+        if v is not None and (not re.fullmatch(ALIVE_NAME, v) or v in (".", "..")):
+            raise ValueError(f"{v!r} is not an interface name: 1 to 15 letters, digits, "
+                             "'_', '.' or '-' (not '.' or '..'); null turns the liveness "
+                             "interface off")
         return v
 
     @field_validator("vips", mode="before")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,44 @@ def xdp_argv(config: HpclbConfig) -> list[str]:
         argv += ["--egress", egress]
     if app.netns:
         argv += ["--netns", app.netns]
-    return argv
+    return argv + alive_argv(config)
+
+
+ALIVE_OPTION = "--alive-interface"
+
+
+def alive_argv(config: HpclbConfig) -> list[str]:
+    """``--alive-interface NAME`` when the VIPs are announced through the data
+    plane's liveness interface (bgp.alive_interface): a TUN device the data
+    plane creates in its namespace (the speaker's) and holds for its life, so
+    that BIRD withdraws the VIPs of a data plane that died, even with `hpclb
+    run` dead too. Either data plane takes it last (DPDK: after "--")."""
+    if config.bgp is None or config.bgp.alive_interface is None:
+        return []
+    return [ALIVE_OPTION, config.bgp.alive_interface]
+
+
+def alive_interface_of(argv: Sequence[str]) -> str | None:
+    """The liveness interface a data plane with this command line holds
+    (its ``--alive-interface``), None when none."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == ALIVE_OPTION:
+            return argv[i + 1]
+    return None
+
+
+def running_alive_interface(pid: int | None) -> str | None:
+    """The liveness interface the running data plane ``pid`` holds, read from
+    its command line (/proc/PID/cmdline): an adopted data plane may have been
+    started by an older hpclb or without the `bgp:` section. None when it
+    holds none or cannot be read."""
+    if pid is None:
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return alive_interface_of([a.decode(errors="replace") for a in raw.split(b"\0")])
 
 
 def dpdk_launch(config: HpclbConfig) -> DpdkLaunch:
@@ -128,7 +165,8 @@ def dpdk_launch(config: HpclbConfig) -> DpdkLaunch:
 
 def dataplane_argv(config: HpclbConfig, choice: Choice) -> list[str]:
     if choice.kind == Dataplane.DPDK:
-        return forwarder_argv(dpdk_launch(config))
+        # The forwarder's own options end the vector (after "--").
+        return forwarder_argv(dpdk_launch(config)) + alive_argv(config)
     return xdp_argv(config)
 
 

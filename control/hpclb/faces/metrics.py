@@ -369,13 +369,20 @@ def _bgp(bgp: Mapping[str, Any] | None) -> Iterator[Metric]:
     uptime = GaugeMetricFamily("hpclb_bgp_session_uptime_seconds",
                                "Seconds since the BGP session was established",
                                labels=["peer", "address"])
+    # Only with bgp.bfd enabled: the speaker then reports each session's BFD state.
+    bfd = GaugeMetricFamily("hpclb_bgp_bfd_up", "1 while the BFD session to the peer is Up "
+                            "(bgp.bfd enabled)", labels=["peer", "address", "state"])
     for s in bgp.get("sessions") or []:
         labels = [str(s.get("name")), str(s.get("peer") or "")]
         up.add_metric([*labels, str(s.get("state") or "")], 1.0 if s.get("established") else 0.0)
         if (t := _number(s.get("uptime_s"))) is not None:
             uptime.add_metric(labels, t)
+        if "bfd" in s:
+            bfd.add_metric([*labels, str(s.get("bfd") or "")], 1.0 if s.get("bfd") == "Up" else 0.0)
     yield up
     yield uptime
+    if bgp.get("bfd"):
+        yield bfd
     state = GaugeMetricFamily("hpclb_bgp_announcement", "1 for the state the VIP address's "
                               "announcement is in (announced, withdrawn, suppressed), with its "
                               "cause (serving, no_backend, dataplane, damped, stopping, "
