@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +86,8 @@ class Collector:
     def __post_init__(self) -> None:
         self._cpu = procstat.CpuLoadMeter(self.proc / "stat")
 
-    def _source_figures(self) -> dict[str, float]:
-        extra: dict[str, float] = {}
+    def _source_figures(self, first: Mapping[str, float] | None = None) -> dict[str, float]:
+        extra: dict[str, float] = dict(first or {})
         for src in self.sources:
             try:
                 figures = src.read()
@@ -101,7 +101,8 @@ class Collector:
             for name, value in figures.items():
                 if re.match(METRIC_NAME_PATTERN, name) and isinstance(value, int | float) \
                         and not isinstance(value, bool):
-                    extra[name] = float(value)
+                    if first is None or name not in first:  # the agent's own figure wins
+                        extra[name] = float(value)
                 else:
                     log.warning("metric source %s: dropped %r = %r (bad name or not a "
                                 "number)", src.name, name, value)
@@ -110,8 +111,10 @@ class Collector:
             extra = dict(list(extra.items())[:MAX_EXTRA])
         return extra
 
-    def collect(self) -> TelemetryMessage:
-        """Read everything once; ``interval_s`` of the message is the next interval."""
+    def collect(self, extra: Mapping[str, float] | None = None) -> TelemetryMessage:
+        """Read everything once; ``interval_s`` of the message is the next interval.
+        ``extra``: figures of the agent's own (``fleet_rtt_ms``), kept first
+        when the sources bring more than MAX_EXTRA."""
         cpu = self._cpu.sample()
         used, total = procstat.read_memory(self.proc / "meminfo")
         numa = [n for n in procstat.read_numa(self.sys_nodes) if n.node < MAX_NUMA_NODES]
@@ -142,7 +145,7 @@ class Collector:
                                 numa_node=g.numa_node if g.numa_node is None
                                 or g.numa_node < MAX_NUMA_NODES else None)
                        for g in gpus),
-            extra=self._source_figures(),
+            extra=self._source_figures(extra),
         )
         self.seq += 1
         return msg

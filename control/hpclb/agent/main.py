@@ -1,17 +1,21 @@
 """``hpclb-agent``: the node agent's command line.
 
     hpclb-agent keygen /etc/hpclb/curve --name node01     # node01.key, node01.key_secret
-    hpclb-agent run --connect tcp://gateway:5557 --node-id node01 \\
+    hpclb-agent run --connect tcp://gateway:5557 [--connect tcp://lb2:5557 ...] \\
+        --node-id node01 \\
         --server-key /etc/hpclb/curve/server.key --key /etc/hpclb/curve/node01.key_secret \\
         [--cgroup /slurm/job_42] [--base-interval 5] [--min-interval 0.1] [--max-interval 60]
     hpclb-agent sample [--node-id NAME] [--cgroup PATH] [--require-gpu]   # one message, JSON
 
 ``run`` publishes one telemetry message per heartbeat interval, ``base x (1 +
-load^2)`` within the bounds, until SIGTERM or SIGINT, then exits 0. ``--connect``
-takes an IPv4 address, a name, or an IPv6 address in brackets
-(``tcp://[fd00::1]:5557``). Keys are
-pyzmq certificate files: the control plane's allow-list holds ``<node id>.key``
-(the public half), the node keeps ``<node id>.key_secret``.
+load^2)`` within the bounds, until SIGTERM or SIGINT, then exits 0. Each round it
+first measures the round trip to every endpoint's host (``ping -c 4``'s average,
+hpclb.agent.echo; ``extra["fleet_rtt_ms"]``, the mean over the hosts), unless
+``--no-echo``. ``--connect`` may be repeated (a fleet of appliances): each message
+goes to every endpoint. It takes an IPv4 address, a name, or an IPv6 address in
+brackets (``tcp://[fd00::1]:5557``). Keys are pyzmq certificate files: the control
+plane's allow-list holds ``<node id>.key`` (the public half), the node keeps
+``<node id>.key_secret``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import zmq.auth
 
 from hpclb.agent import Collector, IntervalPolicy
 from hpclb.agent.cgroup import CgroupError, CgroupMeter, find_cgroup
+from hpclb.agent.echo import EchoMeter
 from hpclb.agent.gpu import NvmlGpus
 from hpclb.agent.procstat import ProcError, read_memory
 from hpclb.agent.publisher import Publisher
@@ -46,6 +51,13 @@ log = logging.getLogger("hpclb.agent")
 #: The first message's CPU window, like ``mpstat 1``: long enough to mean
 #: something, short enough that a starting agent shows up at once.
 FIRST_WINDOW_S = 1.0
+#: The telemetry figure of the round trip to the appliances (hpclb.agent.echo),
+#: the network term of a fleet's weights.
+FLEET_RTT = "fleet_rtt_ms"
+#: An echo round takes at most this share of the last interval, and at most
+#: ECHO_BUDGET_MAX_S: a host that does not answer costs that much per heartbeat.
+ECHO_BUDGET_SHARE = 0.25
+ECHO_BUDGET_MAX_S = 1.0
 
 
 class AgentError(Exception):
@@ -81,6 +93,12 @@ def endpoint(text: str) -> str:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: {host} is not an IPv6 address in brackets") from None
     return f"tcp://{host}:{port}"
+
+
+def endpoint_host(where: str) -> str:
+    """The host of an ``endpoint()`` (an IPv6 address without its brackets)."""
+    host = where.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
 
 
 def _positive(text: str) -> float:
@@ -136,22 +154,37 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     collector = build_collector(args.node_id, args.cgroup, interval)
+    publishers: list[Publisher] = []
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()  # one I/O thread for them all
     try:
-        publisher = Publisher(args.connect, server_public, public, secret)
+        for where in args.connect:
+            publishers.append(Publisher(where, server_public, public, secret, context=context))
     except zmq.ZMQError as err:
+        for p in publishers:
+            p.close()
+        context.term()
         collector.close()
-        raise AgentError(f"--connect {args.connect}: {err}") from None
-    log.info("node %s publishing to %s every %.3g-%.3g s", args.node_id, args.connect,
-             interval.lo, interval.hi)
-    dropping = False
+        raise AgentError(f"--connect {args.connect[len(publishers)]}: {err}") from None
+    meter = None if args.no_echo else EchoMeter([endpoint_host(e) for e in args.connect])
+    log.info("node %s publishing to %s every %.3g-%.3g s", args.node_id,
+             ", ".join(args.connect), interval.lo, interval.hi)
+    dropping = [False] * len(publishers)
     try:
         stop.wait(min(FIRST_WINDOW_S, interval.base))
+        last = interval.base  # the interval the previous message announced
         while not stop.is_set():
+            started = time.monotonic()
             wait = interval.base
             try:
-                msg = collector.collect()
-                wait = msg.interval_s
-                delivered = publisher.send(encode(msg))
+                extra: dict[str, float] = {}
+                if meter is not None:
+                    # Bounded well under the interval: the heartbeat comes first.
+                    rtt = meter.measure(min(ECHO_BUDGET_MAX_S, ECHO_BUDGET_SHARE * last))
+                    if rtt is not None:
+                        extra[FLEET_RTT] = rtt
+                msg = collector.collect(extra)
+                wait = last = msg.interval_s
+                payload = encode(msg)
             except (ProcError, CgroupError, TelemetryError) as err:
                 # Keep trying: if it persists, the missing heartbeats tell the
                 # control plane, and this line tells the operator why.
@@ -159,18 +192,25 @@ def run(args: argparse.Namespace) -> int:
             except Exception:  # a reader bug must not end the heartbeat for good
                 log.exception("no telemetry this round")
             else:
-                if not delivered and not dropping:
-                    log.warning("control plane %s not reachable: dropping telemetry until "
-                                "it is", args.connect)
-                elif delivered and dropping:
-                    log.info("delivering telemetry again (%d dropped in all)",
-                             publisher.dropped)
-                dropping = not delivered
-            stop.wait(wait)
+                # Each send is non-blocking: an endpoint that is down never
+                # delays the others (its messages are dropped and counted).
+                for i, publisher in enumerate(publishers):
+                    delivered = publisher.send(payload)
+                    if not delivered and not dropping[i]:
+                        log.warning("control plane %s not reachable: dropping telemetry "
+                                    "until it is", publisher.endpoint)
+                    elif delivered and dropping[i]:
+                        log.info("delivering telemetry to %s again (%d dropped in all)",
+                                 publisher.endpoint, publisher.dropped)
+                    dropping[i] = not delivered
+            stop.wait(max(wait - (time.monotonic() - started), 0.0))
     finally:
-        publisher.close()
+        for publisher in publishers:
+            publisher.close()
+        context.term()
         collector.close()
-    log.info("stopped: %d sent, %d dropped", publisher.sent, publisher.dropped)
+    log.info("stopped: %s", "; ".join(f"{p.endpoint}: {p.sent} sent, {p.dropped} dropped"
+                                     for p in publishers))
     return 0
 
 
@@ -218,9 +258,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="publish telemetry to the control plane")
-    r.add_argument("--connect", required=True, type=endpoint,
+    r.add_argument("--connect", required=True, type=endpoint, action="append",
                    help="the control plane's telemetry endpoint, e.g. tcp://10.0.0.1:5557 "
-                   "or tcp://[fd00::1]:5557")
+                   "or tcp://[fd00::1]:5557; repeated for a fleet: every message goes to "
+                   "every endpoint (one --server-key: a fleet shares its CURVE server pair)")
     r.add_argument("--node-id", required=True, type=_node_id,
                    help="this node's id; must match the allow-list file <id>.key")
     r.add_argument("--server-key", required=True, type=Path,
@@ -232,6 +273,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--base-interval", type=_positive, default=5.0)
     r.add_argument("--min-interval", type=_positive, default=0.1)
     r.add_argument("--max-interval", type=_positive, default=60.0)
+    r.add_argument("--no-echo", action="store_true",
+                   help="do not measure the round trip to the endpoints' hosts "
+                   "(extra fleet_rtt_ms, the network term of a fleet's weights)")
     r.set_defaults(func=run)
 
     k = sub.add_parser("keygen", help="write a CURVE keypair: NAME.key and NAME.key_secret")

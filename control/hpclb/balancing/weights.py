@@ -103,6 +103,11 @@ class NodeSample:
     mem_total: float
     rtt_ms: float | None
     gpus: tuple[GpuSample, ...] = ()
+    #: The agent's message counter (0 at its start) and the interval it announced:
+    #: a fleet's weights (hpclb.balancing.fleet_weights) tell an agent restart and
+    #: time its slow start by them; WeightTracker does not use them.
+    seq: int = 0
+    interval_s: float = 0.0
 
 
 # --- fixed-point helpers ------------------------------------------------------------
@@ -236,7 +241,10 @@ def slow_start_steps(target_steps: int, floor_steps: int, up_since_us: int | Non
 
 
 @dataclass(slots=True)
-class _Node:
+class NodeState:
+    """One node's smoothing, hysteresis and ramp (integers), what :class:`Dynamics`
+    moves sample by sample."""
+
     up: bool = True  # the health verdict, only to see a down -> up transition
     last_time_us: int | None = None  # last accepted sample
     reseed: bool = False  # next accepted sample restarts smoothing and the rate limit
@@ -244,6 +252,66 @@ class _Node:
     goal: int = 0  # weight the node is heading for, grid steps (after hysteresis)
     anchor: int = 0  # published weight when the goal was set, grid steps
     anchor_us: int = 0  # sample time when the goal was set
+
+
+_Node = NodeState  # the name this module used first
+
+
+class Dynamics:
+    """Steps 3-6 of the pipeline (EWMA, capacity on the grid, hysteresis, rate
+    limit) for one policy, as integer functions of a :class:`NodeState`: shared
+    by :class:`WeightTracker` (over a node's whole history) and
+    :class:`hpclb.balancing.fleet_weights.FleetWeightTracker` (replayed over a
+    window of samples)."""
+
+    def __init__(self, policy: WeightPolicy) -> None:
+        self.policy = policy
+        self.alpha = min(max(_fx(policy.alpha), 1), ONE)
+        # Rate limit in grid steps per 10^6 s, an integer, so the budget for e µs is
+        # rate·e // 10^12 steps, exactly.
+        self.rate = (None if policy.max_rate is None
+                     else round(policy.max_rate * policy.grid * _US))
+        self.step = policy.step * policy.grid  # hysteresis, in grid steps
+
+    def start(self, node: NodeState, raw: int, t_us: int) -> None:
+        """Restart ``node`` from the score ``raw`` of a sample at ``t_us``: no
+        history, no ramp (what eases a node in is slow start, not the rate limit)."""
+        node.smoothed = raw
+        node.goal = node.anchor = self.first_goal(capacity_steps(raw, self.policy))
+        node.anchor_us = t_us
+        node.reseed = False
+
+    def advance(self, node: NodeState, raw: int, t_us: int) -> None:
+        """Take the score ``raw`` of the next sample, at ``t_us`` (after the last)."""
+        assert node.smoothed is not None
+        diff = raw - node.smoothed
+        # Integer EWMA, rounded away from the old value so it always moves at least
+        # one unit and reaches a constant input exactly instead of stalling short.
+        move = -(-self.alpha * abs(diff) // ONE)
+        node.smoothed += move if diff >= 0 else -move
+        goal = self.next_goal(node.goal, capacity_steps(node.smoothed, self.policy))
+        if goal != node.goal:
+            # Re-aim from where the ramp is now, timed by the sample (the agent's
+            # clock, the same on every appliance of the fleet).
+            node.anchor = self.published(node, t_us)
+            node.anchor_us = t_us
+            node.goal = goal
+
+    def first_goal(self, capacity: int) -> int:
+        """The goal of a node's first sample (grid steps): its capacity."""
+        return capacity
+
+    def next_goal(self, goal: int, target: int) -> int:
+        """Hysteresis: the new goal when the capacity is ``target`` (grid steps);
+        it moves only for a change larger than ``step``."""
+        return target if abs(target - goal) > self.step else goal
+
+    def published(self, node: NodeState, t_us: int) -> int:
+        """Rate-limited weight at t (grid steps): a straight walk from anchor to goal."""
+        if self.rate is None:
+            return node.goal
+        elapsed = max(t_us - node.anchor_us, 0)
+        return _toward(node.anchor, node.goal, self.rate * elapsed // (_US * _US))
 
 
 class WeightTracker:
@@ -255,12 +323,7 @@ class WeightTracker:
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
         self._nodes: dict[str, _Node] = {}
-        self._alpha = min(max(_fx(self.policy.alpha), 1), ONE)
-        # Rate limit in grid steps per 10^6 s, an integer, so the budget for e µs is
-        # rate·e // 10^12 steps, exactly.
-        self._rate = (None if self.policy.max_rate is None
-                      else round(self.policy.max_rate * self.policy.grid * _US))
-        self._step = self.policy.step * self.policy.grid  # hysteresis, in grid steps
+        self._dynamics = Dynamics(self.policy)
 
     # -- inputs --
 
@@ -285,23 +348,9 @@ class WeightTracker:
             # First sample, or first after a restart: history says nothing about now,
             # and slow start (controller.backends), not the rate limit, is what eases
             # the node back in.
-            node.smoothed = raw
-            node.goal = node.anchor = capacity_steps(raw, self.policy)
-            node.anchor_us = t_us
-            node.reseed = False
+            self._dynamics.start(node, raw, t_us)
             return True
-        diff = raw - node.smoothed
-        # Integer EWMA, rounded away from the old value so it always moves at least
-        # one unit and reaches a constant input exactly instead of stalling short.
-        move = -(-self._alpha * abs(diff) // ONE)
-        node.smoothed += move if diff >= 0 else -move
-        target = capacity_steps(node.smoothed, self.policy)
-        if abs(target - node.goal) > self._step:
-            # Re-aim from where the ramp is now, timed by the sample (the agent's
-            # clock, the same on every appliance of the fleet).
-            node.anchor = self._published(node, t_us)
-            node.anchor_us = t_us
-            node.goal = target
+        self._dynamics.advance(node, raw, t_us)
         return True
 
     def set_up(self, node: str, up: bool) -> None:
@@ -322,13 +371,6 @@ class WeightTracker:
 
     # -- outputs --
 
-    def _published(self, node: _Node, t_us: int) -> int:
-        """Rate-limited weight at t (grid steps): a straight walk from anchor to goal."""
-        if self._rate is None:
-            return node.goal
-        elapsed = max(t_us - node.anchor_us, 0)
-        return _toward(node.anchor, node.goal, self._rate * elapsed // (_US * _US))
-
     def weight_steps(self, name: str, now: float) -> int:
         """Published weight of ``name`` at ``now``, in grid steps (floor..ceiling):
         the capacity it has left, whether it is up or not."""
@@ -337,7 +379,7 @@ class WeightTracker:
             # No usable telemetry yet: the floor, so an agent that never reports
             # cannot draw a full share.
             return self.policy.floor_steps
-        return self._published(node, to_us(now))
+        return self._dynamics.published(node, to_us(now))
 
     def weight(self, name: str, now: float) -> float:
         """Published weight of ``name`` at ``now`` (a multiple of 1/grid)."""

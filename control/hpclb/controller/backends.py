@@ -42,6 +42,23 @@ microseconds), divided by the pool's grid only at the end, so appliances of a
 fleet fed the same events decide bit-identical weights, and hence build the same
 Maglev rings. ``hpclb.controller.core`` only asks: its tables carry each
 decision's state, its rings each decision's weight.
+
+**In a fleet** (``config.fleet``), the appliances are not fed the same events:
+each hears the agents at its own moments, probes with its own round trips and
+may miss a sample or restart. So rule 6 takes inputs that do not depend on the
+appliance: a dynamic pool's capacity comes from a
+:class:`~hpclb.balancing.fleet_weights.FleetWeightTracker` (a pure function of
+each node's last ``fleet.window`` samples, evaluated at the last sample's
+time), its network term is the round trip the agent measured to the fleet
+(``extra["fleet_rtt_ms"]``; absent: the worst, everywhere alike) rather than
+this appliance's probe, and its slow start is the tracker's (timed by the
+agent's ``seq`` and interval: a restarted agent eases in on every member
+alike). A static pool gets no slow start in a fleet: its only clock would be
+each appliance's own health verdict (``up_since``), which the members do not
+share, so a returning backend would weigh differently on each member for
+``slow_start_s`` and the rings would differ exactly then. Rules 1-5 stay
+local: health, MACs, the operator's state and pins are each appliance's (a
+backend one member cannot reach is DOWN there only).
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hpclb.balancing.fleet_weights import FleetWeightTracker
 from hpclb.balancing.weights import (
     GpuSample,
     NodeSample,
@@ -76,6 +94,11 @@ TRANSITIONS_KEPT = 256
 #: again (at least its missed intervals): it reconnects to a receiver that just
 #: started, which can take a few seconds (lab: 3 s at a 0.5 s interval).
 HEARD_AGAIN_GRACE_S = 30.0
+#: The telemetry figure the agent measures for a fleet (hpclb.agent.echo): its
+#: round trip to the appliances, the network term of a fleet's weights.
+FLEET_RTT = "fleet_rtt_ms"
+
+Tracker = WeightTracker | FleetWeightTracker
 
 # The operator's word, as the data plane spells it (rule 3).
 _ADMIN_STATE = {
@@ -105,7 +128,8 @@ def to_node_sample(msg: TelemetryMessage, rtt_ms: float | None) -> NodeSample:
                   util=0.0 if g.util is None else g.util, numa_node=g.numa_node)
         for g in msg.gpus)
     return NodeSample(node=msg.node, time=msg.time, cpu_load=cpu, mem_used=used,
-                      mem_total=total, rtt_ms=rtt_ms, gpus=gpus)
+                      mem_total=total, rtt_ms=rtt_ms, gpus=gpus, seq=msg.seq,
+                      interval_s=msg.interval_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +150,7 @@ class BackendDecider:
     def __init__(self, config: HpclbConfig) -> None:
         missed = config.telemetry.missed_heartbeats if config.telemetry else 3
         self.health = BackendHealth(missed)
-        self.trackers: dict[str, WeightTracker] = {}
+        self.trackers: dict[str, Tracker] = {}
         self.unresolved: frozenset[str] = frozenset()
         # Operator pins: backend -> (ring weight, wall-clock expiry).
         self.pins: dict[str, tuple[float, float]] = {}
@@ -146,8 +170,9 @@ class BackendDecider:
         self.config = config
         for name, pool in config.pools.items():
             old = self.trackers.get(name)
-            if pool.weights is WeightsMode.DYNAMIC and (old is None or old.policy != pool.policy):
-                self.trackers[name] = WeightTracker(pool.policy)
+            if pool.weights is WeightsMode.DYNAMIC and (
+                    old is None or old.policy_state() != self._new_tracker(pool).policy_state()):
+                self.trackers[name] = self._new_tracker(pool)
         for name in [p for p in self.trackers if p not in config.pools
                      or config.pools[p].weights is not WeightsMode.DYNAMIC]:
             del self.trackers[name]
@@ -163,6 +188,13 @@ class BackendDecider:
             for name in [n for n in table if n not in present]:
                 del table[name]
         self.unresolved &= present
+
+    def _new_tracker(self, pool: PoolConfig) -> Tracker:
+        """A dynamic pool's tracker: a fleet's when the appliance is in one."""
+        fleet = self.config.fleet
+        if fleet is not None:
+            return FleetWeightTracker(pool.policy, fleet.window)
+        return WeightTracker(pool.policy)
 
     # --- inputs --------------------------------------------------------------
 
@@ -186,12 +218,16 @@ class BackendDecider:
     def telemetry(self, msg: TelemetryMessage, rtt_ms: float | None, mono: float,
                   wall: float) -> tuple[bool, Change | None]:
         """A heartbeat of ``msg.node`` (already authenticated as that node) and,
-        in a dynamic pool, a sample. Returns (sample accepted, health change)."""
+        in a dynamic pool, a sample. Returns (sample accepted, health change).
+        ``rtt_ms``: this appliance's probe round trip, the network term outside
+        a fleet; in a fleet the agent's own figure is used instead."""
         change = self.apply(self.health.heartbeat(msg.node, msg.interval_s, mono, wall))
         pool = self.config.pool_of(msg.node)
         tracker = self.trackers.get(pool) if pool else None
         if tracker is None:
             return False, change
+        if self.config.fleet is not None:
+            rtt_ms = msg.extra.get(FLEET_RTT)
         sample = to_node_sample(msg, rtt_ms)
         accepted = tracker.observe(sample, now=wall)
         if accepted:
@@ -243,6 +279,11 @@ class BackendDecider:
             return BackendDecision(b.name, state, pinned)  # rule 5
         policy = pool.policy
         tracker = self.trackers.get(pool_name)
+        if self.config.fleet is not None:
+            # The fleet's rule 6: the tracker's weight, slow start included (a
+            # pure function of the samples); a static pool's whole grid.
+            steps = policy.grid if tracker is None else tracker.weight_steps(b.name, now)
+            return BackendDecision(b.name, state, b.weight * (steps / policy.grid))
         # Capacity in grid steps: the tracker's in a dynamic pool, the whole grid
         # (a share of 1) in a static one (rule 5).
         capacity = policy.grid if tracker is None else tracker.weight_steps(b.name, now)
@@ -269,6 +310,10 @@ class BackendDecider:
         dynamic pool's rate limit walks its weights, a backend that came back up
         is in (or was in) its slow start. The controller then compares decisions
         every push interval instead of waiting for an event."""
+        if self.config.fleet is not None:
+            # A fleet's weights move only with samples (events), and its slow
+            # start is timed by them too: only a pin expires by itself.
+            return bool(self.pins)
         return bool(self.trackers) or bool(self.pins) or any(
             self.health.up_since(b.name) is not None
             for p in self.config.pools.values() for b in p.backends)
@@ -346,14 +391,16 @@ class BackendDecider:
         health = BackendHealth(self.health.missed)
         health.from_state(state.get("health", {}), mono, present.__contains__,
                           HEARD_AGAIN_GRACE_S)
-        trackers = {name: WeightTracker(t.policy) for name, t in self.trackers.items()}
+        trackers = {name: self._new_tracker(self.config.pools[name])
+                    for name in self.trackers}
         raw_trackers = _mapping(state, "trackers")
         for pool, raw in raw_trackers.items():
             tracker = trackers.get(pool)
             if tracker is None:
                 notes.append(f"pool {pool} is no longer dynamic: its weight state is dropped")
             elif isinstance(raw, Mapping) and raw.get("policy") != tracker.policy_state():
-                notes.append(f"pool {pool}'s policy changed: its weights start afresh")
+                notes.append(f"pool {pool}'s policy changed (or its fleet window): its "
+                             "weights start afresh")
             else:
                 tracker.from_state(raw, f"trackers.{pool}",
                                    lambda n, pool=pool: present.get(n) == pool)
@@ -392,6 +439,14 @@ def _number(raw: Mapping[str, Any], key: str, where: str, optional: bool = False
     return float(value)
 
 
+def _count(raw: Mapping[str, Any], key: str, where: str) -> int:
+    """An integer >= 0, 0 when absent (a checkpoint written before it existed)."""
+    value = raw.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{where}.{key}: expected an integer >= 0, got {value!r}")
+    return value
+
+
 def _pin(raw: object, where: str) -> tuple[float, float]:
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping")
@@ -424,7 +479,9 @@ def _sample(raw: object, where: str) -> tuple[NodeSample, float]:
     sample = NodeSample(node=s["node"], time=_number(s, "time", at),
                         cpu_load=_number(s, "cpu_load", at), mem_used=_number(s, "mem_used", at),
                         mem_total=_number(s, "mem_total", at),
-                        rtt_ms=None if math.isnan(rtt) else rtt, gpus=tuple(gpus))
+                        rtt_ms=None if math.isnan(rtt) else rtt, gpus=tuple(gpus),
+                        seq=_count(s, "seq", at), interval_s=_number(s, "interval_s", at)
+                        if "interval_s" in s else 0.0)
     # Its own time as "now": only the values are judged, not their age.
     reason = check_sample(sample, sample.time, WeightPolicy())
     if reason is not None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import ipaddress
 import json
 import logging
@@ -83,7 +84,12 @@ from hpclb.controller.preflight import check_host
 from hpclb.controller.statefile import Snapshot, StateKeeper
 from hpclb.dataplane.client import snat_order
 from hpclb.dataplane.push import push_tables
-from hpclb.dataplane.select import DpdkHost, choose_dataplane, dataplane_argv
+from hpclb.dataplane.select import (
+    DpdkHost,
+    choose_dataplane,
+    dataplane_argv,
+    running_alive_interface,
+)
 from hpclb.dataplane.supervisor import DataplaneProcess
 from hpclb.host.files import write_atomically
 from hpclb.host.neighbours import NeighbourError, resolve_mac
@@ -169,6 +175,24 @@ def warn_empty_pools(config: HpclbConfig) -> None:
     everything; valid, as a pool may await its nodes)."""
     for warning in config.empty_pool_warnings():
         log.warning("%s", warning)
+
+
+#: A ring digest covers each slot's backend name NUL-padded to this many bytes
+#: (a name has at most 63: config.Name), so it does not depend on the ids,
+#: which each appliance numbers in its own order.
+RING_DIGEST_NAME_BYTES = 64
+
+
+def ring_digest(ring: np.ndarray, names: dict[int, str]) -> str:
+    """The fleet's ring digest: SHA-256 over the backend name of each slot, in
+    slot order, each NUL-padded to RING_DIGEST_NAME_BYTES (a slot of no backend:
+    all NULs); hex, first 16 characters. Members of a fleet whose digests are
+    equal hand every flow hash to the same backend."""
+    slots = np.asarray(ring)
+    present, where = np.unique(slots, return_inverse=True)
+    lut = np.array([names.get(int(i), "").encode() for i in present],
+                   dtype=f"S{RING_DIGEST_NAME_BYTES}")
+    return hashlib.sha256(lut[where.reshape(-1)].tobytes()).hexdigest()[:16]
 
 
 def pool_ring(decisions: tuple[BackendDecision, ...], ids: dict[str, int],
@@ -309,6 +333,8 @@ class Controller:
         self.decider = BackendDecider(self.config)
         self.monitors = Monitors(self.wake, self.config.appliance.netns)
         self._rings: dict[str, tuple[tuple[Any, ...], np.ndarray]] = {}  # pool -> (key, ring)
+        # pool -> (ring key, digest): a fleet's ring digests, computed once per ring built.
+        self._ring_digests: dict[str, tuple[tuple[Any, ...], str]] = {}
         # The decisions the last tables were built from ("did anything change?").
         self._pushed_decisions: dict[str, tuple[BackendDecision, ...]] = {}
         self._last_push = 0.0
@@ -325,6 +351,10 @@ class Controller:
         # BGP announcements (hpclb.announce), with a `bgp:` section; whether the
         # data plane answered its last hello is one of their inputs.
         self.speaker: Speaker | None = None
+        # The data plane whose liveness interface the speaker's routes go
+        # through (read from its command line once per process), and its name.
+        self._alive_pid: int | None = None
+        self._alive_name: str | None = None
         self._dataplane_answers = True
 
     # --- desired state -----------------------------------------------------
@@ -360,6 +390,30 @@ class Controller:
         if cached is None or cached[0] != key:
             cached = self._rings[pool] = (key, pool_ring(decisions, ids, ring_size))
         return cached[1]
+
+    def fleet_report(self) -> dict[str, Any] | None:
+        """The status's ``fleet`` block (None outside a fleet): the members, the
+        window and each VIP's ring digest, which an operator compares across
+        the members' ``hpclb status``. A digest is computed once per ring
+        built (the key of the ring cache), not per status write."""
+        fleet = self.config.fleet
+        if fleet is None:
+            return None
+        digests: dict[str, str] = {}
+        names: dict[int, str] | None = None
+        for pool, (key, ring) in self._rings.items():
+            cached = self._ring_digests.get(pool)
+            if cached is None or cached[0] != key:
+                if names is None:  # ids are never reassigned while a name is configured
+                    names = {bid: name for name, bid in self.checkpoint.backends.ids.items()}
+                cached = self._ring_digests[pool] = (key, ring_digest(ring, names))
+            digests[pool] = cached[1]
+        for pool in [p for p in self._ring_digests if p not in self._rings]:
+            del self._ring_digests[pool]
+        return {"appliance": self.config.appliance.name, "members": list(fleet.members),
+                "window": fleet.window,
+                "rings": {v.name: digests[v.pool] for v in self.config.vips
+                          if v.pool in digests}}
 
     def tables_for(self, config: HpclbConfig, resolve: bool = True) -> TableSet:
         """The tables of the configuration in force, as the decider decides now."""
@@ -492,10 +546,15 @@ class Controller:
         # connection table's size differ from the running data plane's.
         argv = dataplane_argv(config, self.choice)
         if argv != self.dataplane.argv:
-            log.warning("nat.conn_table_size %d -> %d entries: takes effect at the next "
-                        "data-plane start; the running data plane keeps its table and its "
-                        "connections", self.config.nat.conn_table_size,
-                        config.nat.conn_table_size)
+            if config.nat.conn_table_size != self.config.nat.conn_table_size:
+                log.warning("nat.conn_table_size %d -> %d entries: takes effect at the next "
+                            "data-plane start; the running data plane keeps its table and "
+                            "its connections", self.config.nat.conn_table_size,
+                            config.nat.conn_table_size)
+            else:
+                log.warning("the data plane's command line changed (bgp.alive_interface): "
+                            "takes effect at its next start; the VIPs' routes follow the "
+                            "interface the running data plane holds")
             self.dataplane.argv = argv
         self.config = config
         self.decider = prepared.decider
@@ -757,6 +816,9 @@ class Controller:
                   "checkpoint": self.state.status()}
         if self.speaker is not None:
             status["bgp"] = self.speaker.report(time.monotonic(), time.time())
+        fleet = self.fleet_report()
+        if fleet is not None:
+            status["fleet"] = fleet
         try:
             status["dataplane_stats"] = self.dataplane.client.stats()
         except Exception as err:  # a missing figure, not a reason to stop
@@ -797,9 +859,12 @@ class Controller:
                     self.speaker = None
             elif self.speaker is None:
                 self.speaker = Speaker(config.bgp)
+                self._alive_pid = None
+                self._bgp_device()
                 self.speaker.prepare()
             else:
                 self.speaker.reconfigure(config.bgp)
+                self._bgp_device()
         except OSError as err:  # its files: the status shows it, the loop retries
             log.error("bgp: cannot write the speaker's configuration: %s", err)
             if self.speaker is not None:
@@ -824,8 +889,22 @@ class Controller:
                       for pool, ds in self._pushed_decisions.items()}
         return inputs_for(pools_of, in_service, fault, speaker.config)
 
+    def _bgp_device(self) -> None:
+        """The VIPs' routes go through the liveness interface the running data
+        plane holds (its command line), not the configured one: a data plane
+        adopted from an older hpclb, or started before a reload changed
+        bgp.alive_interface, holds none or another, and routes through an
+        absent interface would announce nothing."""
+        if self.speaker is None or not self.dataplane.alive():
+            return  # a dead one: the decision withdraws; the device stays
+        if self.dataplane.pid != self._alive_pid:
+            self._alive_pid = self.dataplane.pid
+            self._alive_name = running_alive_interface(self.dataplane.pid)
+        self.speaker.set_device(self._alive_name)
+
     def _bgp_update(self) -> None:
         if self.speaker is not None and self._started:
+            self._bgp_device()
             self.speaker.update(self._bgp_inputs(self.speaker), time.monotonic(), time.time())
 
     def step(self) -> None:

@@ -3,7 +3,9 @@
 ``ids.json`` (hpclb.controller.ids) keeps the table ids; this file keeps the
 rest of what the control plane knows and the configuration cannot say: the
 configuration text and revision in force, each backend's health verdict, each
-dynamic pool's weight tracker, the operator's weight pins, the last telemetry
+dynamic pool's weight tracker (in a fleet, each node's window of samples: a
+member restored from it publishes what the other members do at once), the
+operator's weight pins, the last telemetry
 samples, the decisions last pushed, the MACs they were pushed with and each
 VIP's ring as pushed. A restart restores it before the first tables are built,
 so that those tables equal what the adopted data plane holds: nothing is

@@ -123,7 +123,19 @@ def render_status(status: Mapping[str, Any]) -> Table:
                                           for a in alarms), style="bold red")
                  if alarms else Text("none", style="green")))
     rows += bgp_rows(status.get("bgp"))
+    rows += fleet_rows(status.get("fleet"))
     return _grid(rows)
+
+
+def fleet_rows(fleet: Mapping[str, Any] | None) -> list[tuple[str, RenderableType]]:
+    """The fleet (members, window) and each VIP's ring digest: equal digests on
+    every member mean the same backend in every slot."""
+    if not fleet:
+        return []
+    members = ", ".join(str(m) for m in fleet.get("members") or []) or "not listed"
+    rings = [f"{vip}: {digest}" for vip, digest in sorted((fleet.get("rings") or {}).items())]
+    return [("fleet", f"{members} (window {fleet.get('window', '?')} samples)"),
+            ("ring digests", "\n".join(rings) or "none")]
 
 
 def bgp_rows(bgp: Mapping[str, Any] | None) -> list[tuple[str, RenderableType]]:

@@ -111,6 +111,9 @@ class StatusView(BaseModel):
     # BGP sessions and announcements (the `bgp:` section), as the controller
     # reports them (hpclb.announce.speaker.Speaker.report); absent without one.
     bgp: dict[str, Any] | None = None
+    # The fleet (the `fleet:` section): members, window and each VIP's ring
+    # digest, which members compare; absent without one.
+    fleet: dict[str, Any] | None = None
 
 
 class CountersView(BaseModel):
@@ -259,7 +262,7 @@ def status_view(config: HpclbConfig, status: Status | None, revision: str) -> St
                 for a in s.get("alarms") or []],
         counts=Counts(vips=len(config.vips), pools=len(config.pools), backends=len(backends),
                       backends_up=up),
-        bgp=s.get("bgp"))
+        bgp=s.get("bgp"), fleet=s.get("fleet"))
 
 
 class Finding(BaseModel):
