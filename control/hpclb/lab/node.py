@@ -8,6 +8,10 @@
             socket) to a VIP, reads the name, closes, and prints counts per backend.
 ``stream``  one long-lived TCP connection sending a line every X ms for T seconds,
             recording which backend answered each line.
+``streams`` N long-lived TCP connections in one process (one asyncio loop: N
+            processes would swamp a small host), each as ``stream`` does, with a
+            report per stream (its source port, the backends that answered it,
+            how many lines were answered, its first error, its last answer).
 
 Everything is asyncio with a timeout on every await and an overall deadline: a lab test
 must fail with a JSON report, never hang. The client programs print exactly one JSON
@@ -37,6 +41,7 @@ READY_LINE = "ready"
 MAX_LINE = 4096  # a backend answers lines, not payloads: bound what it buffers
 MAX_CONNECTIONS = 1_000_000
 MAX_CONCURRENCY = 10_000
+MAX_STREAMS = 5000  # ``streams``: connections of one process (file descriptors)
 UDP_PORT_RETRIES = 20
 
 
@@ -393,6 +398,108 @@ async def run_stream(
     return out
 
 
+# --------------------------------------------------------------------------- streams
+
+
+@dataclass
+class StreamsEntry:
+    """One connection of ``streams``: what its report line says."""
+
+    index: int
+    port: int = 0
+    backends: list[str] = field(default_factory=list)  # in the order first seen
+    answered: int = 0
+    error: str | None = None
+    opened: float | None = None  # epoch seconds: the greeting read
+    last_answer: float | None = None  # epoch seconds
+
+    def saw(self, name: str) -> None:
+        if name not in self.backends:
+            self.backends.append(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "port": self.port, "backends": self.backends,
+                "answered": self.answered, "error": self.error, "opened": self.opened,
+                "last_answer": self.last_answer}
+
+
+async def _streams_one(entry: StreamsEntry, vip: str, port: int, interval: float,
+                       end: float, timeout: float, sport: int | None,
+                       opened: asyncio.Event | None) -> None:
+    """One connection: greeting, then a line per interval until ``end``
+    (monotonic); stops at its first error (a broken flow)."""
+    local = (any_address(vip), sport) if sport is not None else None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(vip, port, local_addr=local), timeout)
+    try:
+        entry.port = int(writer.get_extra_info("sockname")[1])
+        greeting = await asyncio.wait_for(reader.readline(), timeout)
+        if not greeting:
+            raise ConnectionResetError("closed without a name")
+        entry.saw(greeting.decode(errors="replace").strip())
+        entry.opened = time.time()
+        if opened is not None:
+            opened.set()
+        seq = 0
+        while time.monotonic() < end:
+            writer.write(f"line {seq}\n".encode())
+            await asyncio.wait_for(writer.drain(), timeout)
+            line = await asyncio.wait_for(reader.readline(), timeout)
+            if not line:
+                raise ConnectionResetError("closed by peer")
+            entry.saw(line.decode(errors="replace").strip())
+            entry.answered += 1
+            entry.last_answer = time.time()
+            seq += 1
+            await asyncio.sleep(min(interval, max(0.0, end - time.monotonic())))
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.wait_closed(), timeout)
+
+
+async def run_streams(vip: str, port: int, count: int, interval: float, duration: float,
+                      timeout: float, open_over: float, sport_first: int | None = None,
+                      ready_file: str | None = None) -> dict[str, Any]:
+    """``count`` long-lived connections, opened evenly over ``open_over`` seconds,
+    each sending a line every ``interval`` until ``duration`` after the start.
+    ``ready_file``: written (JSON: opened, failed) once every connection was
+    opened or failed, so that a test injects its fault on established flows."""
+    start = time.monotonic()
+    end = start + duration
+    entries = [StreamsEntry(i) for i in range(count)]
+    events = [asyncio.Event() for _ in range(count)]
+
+    async def one(entry: StreamsEntry, event: asyncio.Event) -> None:
+        await asyncio.sleep(open_over * entry.index / count)
+        sport = sport_first + entry.index if sport_first is not None else None
+        limit = max(0.0, end - time.monotonic()) + 4 * timeout + 5
+        try:
+            await asyncio.wait_for(_streams_one(entry, vip, port, interval, end, timeout,
+                                                sport, event), limit)
+        except Exception as exc:  # reported per stream: the test decides what it means
+            entry.error = f"{_error_name(exc)}: {exc}" if str(exc) else _error_name(exc)
+        finally:
+            event.set()  # opened or failed: either way no longer pending
+
+    async def announce_ready() -> None:
+        await asyncio.gather(*(e.wait() for e in events))
+        if ready_file is not None:
+            opened = sum(1 for e in entries if e.opened is not None)
+            with open(ready_file, "w") as f:
+                json.dump({"opened": opened, "failed": count - opened, "time": time.time()}, f)
+
+    ready = asyncio.create_task(announce_ready())
+    await asyncio.gather(*(one(e, ev) for e, ev in zip(entries, events, strict=True)))
+    await ready
+    broken = [e for e in entries if e.error is not None]
+    return {"count": count, "opened": sum(1 for e in entries if e.opened is not None),
+            "broken": len(broken), "changed_backend": sum(1 for e in entries
+                                                          if len(e.backends) > 1),
+            "elapsed_s": round(time.monotonic() - start, 3),
+            "streams": [e.to_json() for e in entries]}
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -459,6 +566,23 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--duration", type=_positive(float, 3600), default=5.0)
     st.add_argument("--timeout", type=_positive(float, 600), default=2.0)
     st.add_argument("--json", action="store_true")
+
+    ms = sub.add_parser("streams", help="N long-lived connections in one process, a "
+                        "report per connection")
+    ms.add_argument("--vip", required=True)
+    ms.add_argument("--port", type=_positive(int, 65535), default=8080)
+    ms.add_argument("--count", type=_positive(int, MAX_STREAMS), default=200)
+    ms.add_argument("--interval-ms", type=_positive(float, 60_000), default=1000.0)
+    ms.add_argument("--duration", type=_positive(float, 3600), default=10.0)
+    ms.add_argument("--timeout", type=_positive(float, 600), default=10.0,
+                    help="per step (connect, each answer): what a stream rides out")
+    ms.add_argument("--open-over", type=float, default=1.0,
+                    help="seconds over which the connections are opened, evenly")
+    ms.add_argument("--sport-first", type=_positive(int, 65535), default=None,
+                    help="connection i binds source port SPORT_FIRST+i")
+    ms.add_argument("--ready-file", default=None,
+                    help="written once every connection was opened or failed")
+    ms.add_argument("--json", action="store_true")
     return p
 
 
@@ -579,6 +703,16 @@ def main(argv: list[str] | None = None) -> int:
         _print(run_udp_stream(args.vip, args.port, sports, args.pps, args.duration,
                               args.linger), args.json)
         return 0
+    if args.cmd == "streams":
+        if not 0 <= args.open_over <= args.duration:
+            raise SystemExit("--open-over must be within 0..--duration")
+        if args.sport_first is not None and args.sport_first + args.count > 65536:
+            raise SystemExit("--sport-first + --count runs past port 65535")
+        report = asyncio.run(run_streams(args.vip, args.port, args.count,
+                                         args.interval_ms / 1000, args.duration, args.timeout,
+                                         args.open_over, args.sport_first, args.ready_file))
+        _print(report, args.json)
+        return 0 if report["broken"] == 0 else 1
     out = asyncio.run(run_stream(args.vip, args.port, args.interval_ms / 1000, args.duration,
                                  args.timeout))
     _print(out.to_json(), args.json)
