@@ -3,9 +3,10 @@ that read the REST API or the status."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 20.0,
@@ -32,3 +33,30 @@ def held_at(what: str, probe: Callable[[], Any], timeout_s: float, interval_s: f
     time a change (figures, never asserted)."""
     wait_for(what, probe, timeout_s, interval_s, explain)
     return clock()
+
+
+class Watcher:
+    """Calls :meth:`look` every ``interval_s`` in a thread between ``with``'s
+    enter and exit: for what must be watched while the test does something
+    else (a route that may leave, rings that may change)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def look(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.look()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)

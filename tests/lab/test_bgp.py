@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,7 +43,7 @@ import pytest
 from hpclb.lab.appliance import LAB_PORT, LAB_VIP, LAB_VIP6, LabAppliance
 from hpclb.lab.topology import Lab, default_pass_obj
 
-from .polling import held_at
+from .polling import Watcher, held_at
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
@@ -282,28 +281,17 @@ def wall_to_mono(wall: float) -> float:
     return time.monotonic() - (time.time() - wall)
 
 
-class RouteWatch:
+class RouteWatch(Watcher):
     """Polls the router's route in a thread: whether it ever went missing."""
 
     def __init__(self, router: Router) -> None:
+        super().__init__(POLL_S)
         self.router = router
         self.missing_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.router.route() and self.missing_at is None:
-                self.missing_at = time.monotonic()
-            time.sleep(POLL_S)
-
-    def __enter__(self) -> RouteWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    def look(self) -> None:
+        if not self.router.route() and self.missing_at is None:
+            self.missing_at = time.monotonic()
 
 
 def test_vip_announced_while_served(lab: Lab, router: Router, appliance: BgpAppliance) -> None:

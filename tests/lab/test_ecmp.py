@@ -42,7 +42,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,7 +69,7 @@ from hpclb.lab.ecmp import (
 from hpclb.lab.topology import Lab, cgroup_controllers_missing, default_pass_obj
 
 from .conftest import Keys
-from .polling import held_at
+from .polling import Watcher, held_at
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
@@ -407,57 +406,43 @@ class Settled:
         return check
 
 
-class RouteWatch:
+class RouteWatch(Watcher):
     """Polls the router's next hops in a thread: when ``gone`` first left."""
 
     def __init__(self, router: EcmpRouter, gone: str) -> None:
+        super().__init__(POLL_S)
         self.router = router
         self.gone = gone
         self.left_at: float | None = None
         self.hops_seen: list[set[str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            hops = self.router.next_hops(ROUTE)
-            if not self.hops_seen or self.hops_seen[-1] != hops:
-                self.hops_seen.append(hops)
-            if self.gone not in hops and self.left_at is None:
-                self.left_at = time.time()
-            time.sleep(POLL_S)
-
-    def __enter__(self) -> RouteWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    def look(self) -> None:
+        hops = self.router.next_hops(ROUTE)
+        if not self.hops_seen or self.hops_seen[-1] != hops:
+            self.hops_seen.append(hops)
+        if self.gone not in hops and self.left_at is None:
+            self.left_at = time.time()
 
 
-class RingTimeline:
+class RingTimeline(Watcher):
     """Reads ``members``' TCP rings every ~0.1 s in a thread, keeping each
     distinct ring with the time it was first read: what a member looked a
     flow up in when the flow reached it (the weights may change meanwhile)."""
 
     def __init__(self, fleet: Fleet, members: list[str]) -> None:
+        super().__init__(0.1)
         self.fleet = fleet
         self.history: dict[str, list[tuple[float, tuple[str | None, ...]]]] = {
             m: [] for m in members}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for m, hist in self.history.items():
-                try:
-                    ring = member_rings(self.fleet.apps[m])[RING]
-                except Exception:  # a data plane that does not answer this time
-                    continue
-                if not hist or hist[-1][1] != ring:
-                    hist.append((time.time(), ring))
-            time.sleep(0.1)
+    def look(self) -> None:
+        for m, hist in self.history.items():
+            try:
+                ring = member_rings(self.fleet.apps[m])[RING]
+            except Exception:  # a data plane that does not answer this time
+                continue
+            if not hist or hist[-1][1] != ring:
+                hist.append((time.time(), ring))
 
     def around(self, member: str, t: float, slack_s: float = 0.3
                ) -> list[tuple[str | None, ...]]:
@@ -471,47 +456,28 @@ class RingTimeline:
     def changes(self) -> dict[str, int]:
         return {m: max(0, len(h) - 1) for m, h in self.history.items()}
 
-    def __enter__(self) -> RingTimeline:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-class DigestWatch:
+class DigestWatch(Watcher):
     """Polls each member's status for its TCP ring digest (the `fleet:` status
     block, rewritten every second) in a thread: the ring changes each member
     made while the streams ran."""
 
     def __init__(self, fleet: Fleet) -> None:
+        super().__init__(0.2)
         self.fleet = fleet
         self.seen: dict[str, list[str]] = {m: [] for m in fleet.apps}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for m, app in self.fleet.apps.items():
-                try:
-                    digest = str(app.status()["fleet"]["rings"]["lab-tcp"])
-                except Exception:  # no fleet block in this build, a member restarting
-                    continue
-                if not self.seen[m] or self.seen[m][-1] != digest:
-                    self.seen[m].append(digest)
-            time.sleep(0.2)
+    def look(self) -> None:
+        for m, app in self.fleet.apps.items():
+            try:
+                digest = str(app.status()["fleet"]["rings"]["lab-tcp"])
+            except Exception:  # no fleet block in this build, a member restarting
+                continue
+            if not self.seen[m] or self.seen[m][-1] != digest:
+                self.seen[m].append(digest)
 
     def changes(self) -> dict[str, int]:
         return {m: max(0, len(d) - 1) for m, d in self.seen.items()}
-
-    def __enter__(self) -> DigestWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def under_streams(fleet: Fleet, failed: str, inject: Callable[[], None], label: str,
@@ -731,37 +697,23 @@ def test_member_without_backends_withdraws(lab: EcmpLab, fleet: Fleet) -> None:
             f"add chain inet {NFT_TABLE} out {{ type filter hook output priority 0; }}\n"
             f"add rule inet {NFT_TABLE} out tcp dport {LAB_PORT} drop\n")
     others = fleet.addresses("lba", "lbb")
-    lost: list[set[str]] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            hops = fleet.router.next_hops(ROUTE)
-            if not others <= hops:
-                lost.append(hops)
-            time.sleep(POLL_S)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        blocked = time.time()
-        lab.exec("lbc", ["nft", "-f", "-"], input=rule)
-        gone = wait_for("lbc's next hop withdrawn", lambda: fleet.router.next_hops(ROUTE)
-                        == others, 30, fleet.explain)
-        status = fleet.apps["lbc"].wait_status(
-            lambda s: any(a["address"] == LAB_VIP and a["state"] == "withdrawn"
-                          for a in (s.get("bgp") or {}).get("announcements", [])),
-            10, "lbc's VIP withdrawn")
-        report = lab.run_client(LAB_VIP, LAB_PORT, connections=60, concurrency=10,
-                                timeout=5.0)
-    finally:
-        lab.exec("lbc", ["nft", "delete", "table", "inet", NFT_TABLE], check=False)
-        unblocked = time.time()
-    try:
+    with RouteWatch(fleet.router, gone=next(iter(fleet.addresses("lbc")))) as watch:
+        try:
+            blocked = time.time()
+            lab.exec("lbc", ["nft", "-f", "-"], input=rule)
+            gone = wait_for("lbc's next hop withdrawn", lambda: fleet.router.next_hops(ROUTE)
+                            == others, 30, fleet.explain)
+            status = fleet.apps["lbc"].wait_status(
+                lambda s: any(a["address"] == LAB_VIP and a["state"] == "withdrawn"
+                              for a in (s.get("bgp") or {}).get("announcements", [])),
+                10, "lbc's VIP withdrawn")
+            report = lab.run_client(LAB_VIP, LAB_PORT, connections=60, concurrency=10,
+                                    timeout=5.0)
+        finally:
+            lab.exec("lbc", ["nft", "delete", "table", "inet", NFT_TABLE], check=False)
+            unblocked = time.time()
         back = wait_for("lbc's next hop back", lambda: full_route(fleet), 60, fleet.explain)
-    finally:
-        stop.set()
-        watcher.join(5)
+    lost = [hops for hops in watch.hops_seen if not others <= hops]
     cause = next(a for a in status["bgp"]["announcements"] if a["address"] == LAB_VIP)
     FIGURES["no_backends"] = {"probes_blocked_to_route_withdrawn_s": round(gone - blocked, 3),
                               "unblocked_to_route_back_s": round(back - unblocked, 3),

@@ -55,15 +55,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import netns
-
 from hpclb.lab.appliance import LAB_TELEMETRY_PORT, LabAppliance
+from hpclb.lab.members import MembersLab
 from hpclb.lab.topology import (
     BRIDGE,
     ETH,
     LAN_PREFIXLEN,
     MAC_FMT,
-    Lab,
     LabError,
     Port,
 )
@@ -80,27 +78,16 @@ ROUTER_CLIENT_MAC = "02:48:4c:00:02:01"
 CLIENT_MAC = "02:48:4c:00:02:02"
 MEMBER_ADDRESSES = {"lba": "198.18.0.3", "lbb": "198.18.0.4", "lbc": "198.18.0.5"}
 ROUTER_AS, MEMBER_AS = 65000, 65001
-_ECMP_ROLE_RE = r"(br|cli|rtr|lba|lbb|lbc|b[0-9]+)"
 EMPTY_SLOT = 0xFFFFFFFF
 
 
-class EcmpLab(Lab):
+class EcmpLab(MembersLab):
     """Client behind a router, three appliances and the backends on the LAN
     (module doc). ``lb_ns`` is the first member's namespace."""
 
     members = ("lba", "lbb", "lbc")
-
-    def roles(self) -> list[str]:
-        return ["cli", "rtr", *self.members, *(f"b{i}" for i in range(1, self.backends + 1))]
-
-    @staticmethod
-    def existing_namespaces(prefix: str) -> list[str]:
-        pattern = re.compile(re.escape(prefix) + "-" + _ECMP_ROLE_RE)
-        return sorted(n for n in netns.listnetns() if pattern.fullmatch(n))
-
-    @property
-    def lb_ns(self) -> str:
-        return self.ns("lba")
+    member_addresses = MEMBER_ADDRESSES
+    extra_roles = ("rtr",)
 
     @property
     def router_ns(self) -> str:
@@ -108,8 +95,6 @@ class EcmpLab(Lab):
 
     def ip_of(self, role: str) -> str:
         role = role.rsplit("-", 1)[-1]
-        if role in MEMBER_ADDRESSES:
-            return MEMBER_ADDRESSES[role]
         if role == "rtr":
             return ROUTER_IP
         if role == "cli":
@@ -126,9 +111,6 @@ class EcmpLab(Lab):
                   Port("cli", ETH, self.peer("cli"), CLIENT_BRIDGE, ECMP_CLIENT_IP, plen,
                        CLIENT_MAC)]
         return lan + client
-
-    def appliance_peers(self) -> list[str]:
-        return [self.peer(m) for m in self.members]
 
     def _configure_routes(self, role: str, ipr: Any) -> None:
         lo = ipr.link_lookup(ifname="lo")[0]

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import time
@@ -46,9 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import netns
-
 from hpclb.lab.appliance import LabAppliance
+from hpclb.lab.members import MembersLab
 from hpclb.lab.topology import (
     ETH,
     LAN_PREFIXLEN,
@@ -61,39 +59,18 @@ from hpclb.lab.topology import (
 # the VIPs via.
 VRRP_ADDRESS = "198.18.0.1"
 MEMBER_ADDRESSES = {"lba": "198.18.0.3", "lbb": "198.18.0.4"}
-_VRRP_ROLE_RE = r"(br|cli|lba|lbb|b[0-9]+)"
 
 
 # --------------------------------------------------------------------------- lab
 
 
-class VrrpLab(Lab):
+class VrrpLab(MembersLab):
     """The one-LAN lab with two appliances (``lba``, ``lbb``) instead of one; the
     client routes the VIPs via ``VRRP_ADDRESS``. The VIPs are on the backends'
     ``lo`` only (DSR), not on the appliances' (module doc)."""
 
     members = ("lba", "lbb")
-
-    def roles(self) -> list[str]:
-        return ["cli", *self.members, *(f"b{i}" for i in range(1, self.backends + 1))]
-
-    @staticmethod
-    def existing_namespaces(prefix: str) -> list[str]:
-        pattern = re.compile(re.escape(prefix) + "-" + _VRRP_ROLE_RE)
-        return sorted(n for n in netns.listnetns() if pattern.fullmatch(n))
-
-    @property
-    def lb_ns(self) -> str:
-        return self.ns("lba")
-
-    def ip_of(self, role: str) -> str:
-        role = role.rsplit("-", 1)[-1]
-        if role in MEMBER_ADDRESSES:
-            return MEMBER_ADDRESSES[role]
-        return super().ip_of(role)
-
-    def appliance_peers(self) -> list[str]:
-        return [self.peer(m) for m in self.members]
+    member_addresses = MEMBER_ADDRESSES
 
     def _configure_routes(self, role: str, ipr: Any) -> None:
         lo = ipr.link_lookup(ifname="lo")[0]
