@@ -387,6 +387,7 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
     bar = TrialProgress(total=1 + n_subjects * (trials + ndr_steps), enabled=progress)
     failed = False
     with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="hpclb-bench-") as tmp:
+        lab: Lab | None = None
         try:
             with Lab(prefix=prefix or f"bn{uuid.uuid4().hex[:6]}", backends=3,
                      ipv6=True) as lab, bar.shown():
@@ -398,10 +399,17 @@ def run_bench(out: Path, seconds: float = 4.0, trials: int = 3, flows: int = 500
         except KeyboardInterrupt:
             record.interrupted = True
         except Exception as err:
-            # Whatever failed, what was measured before it is written, with the error.
-            record.conditions["error"] = traceback.format_exc()[-4000:]
-            print(f"hpclb bench: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-            failed = True
+            if lab is not None and lab.interrupted_by is not None:
+                # A step (a command in a namespace, a generator thread) that ran
+                # into the teardown Ctrl-C or SIGTERM started: an interrupted run,
+                # not a broken one.
+                record.interrupted = True
+            else:
+                # Whatever failed, what was measured before it is written, with the error.
+                record.conditions["error"] = traceback.format_exc()[-4000:]
+                print(f"hpclb bench: {type(err).__name__}: {err}", file=sys.stderr,
+                      flush=True)
+                failed = True
     paths = write_all(record, out)
     doc = record.to_json()
     print(_summary_line(doc), flush=True)

@@ -216,6 +216,9 @@ class Lab:
         self._is_up = False
         self._prev_handlers: dict[int, Any] = {}
         self._owner_pid = os.getpid()
+        # The signal that tore the lab down (SIGINT, SIGTERM), None while none did: a
+        # step that ran into that teardown failed because of it, not on its own.
+        self.interrupted_by: int | None = None
 
     # ------------------------------------------------------------------ naming
 
@@ -406,6 +409,7 @@ class Lab:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
             return
+        self.interrupted_by = signum
         self.down()
         self._restore_signal_handlers()
         signal.raise_signal(signum)
