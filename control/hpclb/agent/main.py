@@ -44,16 +44,13 @@ from hpclb.agent.gpu import NvmlGpus
 from hpclb.agent.procstat import ProcError, read_memory
 from hpclb.agent.publisher import Publisher
 from hpclb.agent.sources import available_sources
-from hpclb.telemetry.message import NODE_ID_PATTERN, TelemetryError, encode
+from hpclb.telemetry.message import FLEET_RTT, NODE_ID_PATTERN, TelemetryError, encode
 
 log = logging.getLogger("hpclb.agent")
 
 #: The first message's CPU window, like ``mpstat 1``: long enough to mean
 #: something, short enough that a starting agent shows up at once.
 FIRST_WINDOW_S = 1.0
-#: The telemetry figure of the round trip to the appliances (hpclb.agent.echo),
-#: the network term of a fleet's weights.
-FLEET_RTT = "fleet_rtt_ms"
 #: An echo round takes at most this share of the last interval, and at most
 #: ECHO_BUDGET_MAX_S: a host that does not answer costs that much per heartbeat.
 ECHO_BUDGET_SHARE = 0.25

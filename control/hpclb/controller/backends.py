@@ -84,7 +84,7 @@ from hpclb.config import AdminState, BackendConfig, HpclbConfig, PoolConfig, Wei
 from hpclb.config.weights import WeightPolicy
 from hpclb.contract.tables import BackendState
 from hpclb.health.backend import BackendHealth, Change
-from hpclb.telemetry.message import TelemetryMessage
+from hpclb.telemetry.message import FLEET_RTT, TelemetryMessage
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +94,6 @@ TRANSITIONS_KEPT = 256
 #: again (at least its missed intervals): it reconnects to a receiver that just
 #: started, which can take a few seconds (lab: 3 s at a 0.5 s interval).
 HEARD_AGAIN_GRACE_S = 30.0
-#: The telemetry figure the agent measures for a fleet (hpclb.agent.echo): its
-#: round trip to the appliances, the network term of a fleet's weights.
-FLEET_RTT = "fleet_rtt_ms"
 
 Tracker = WeightTracker | FleetWeightTracker
 
@@ -169,10 +166,11 @@ class BackendDecider:
         tracker; backends that left are forgotten."""
         self.config = config
         for name, pool in config.pools.items():
-            old = self.trackers.get(name)
-            if pool.weights is WeightsMode.DYNAMIC and (
-                    old is None or old.policy_state() != self._new_tracker(pool).policy_state()):
-                self.trackers[name] = self._new_tracker(pool)
+            if pool.weights is not WeightsMode.DYNAMIC:
+                continue
+            old, new = self.trackers.get(name), self._new_tracker(pool)
+            if old is None or old.policy_state() != new.policy_state():
+                self.trackers[name] = new
         for name in [p for p in self.trackers if p not in config.pools
                      or config.pools[p].weights is not WeightsMode.DYNAMIC]:
             del self.trackers[name]

@@ -60,6 +60,9 @@ DECODE_REASONS: tuple[str, ...] = (
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 NodeId = Annotated[str, Field(pattern=NODE_ID_PATTERN)]
 METRIC_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
+#: The one ``extra`` figure of the agent's own (hpclb.agent.echo): its round
+#: trip to the appliances, in ms, the network term of a fleet's weights.
+FLEET_RTT = "fleet_rtt_ms"
 MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
 #: A measured value: any number, NaN and negatives included (see the module doc).
 Measure = float
