@@ -69,6 +69,7 @@ from hpclb.lab.ecmp import (
 from hpclb.lab.topology import Lab, cgroup_controllers_missing, default_pass_obj
 
 from .conftest import Keys
+from .fleet_lab import POLL_S, ROUTE, RouteWatch, member_local
 from .polling import Watcher, held_at
 
 pytestmark = [
@@ -79,7 +80,6 @@ pytestmark = [
                               "(Debian packages bird2, tcpdump, iproute2, nftables)"),
 ]
 
-ROUTE = f"{LAB_VIP}/32"
 RING = f"{LAB_VIP}:{LAB_PORT}/6"  # the TCP VIP's ring in member_rings
 BACKENDS = ("b1", "b2", "b3")
 WEIGHTS = dict.fromkeys(BACKENDS, 1.0)
@@ -112,7 +112,6 @@ CPU_QUOTA = 0.5
 # ring alone (health is each member's own) and move its flows.
 PROBE = {"kind": "tcp", "port": LAB_PORT, "interval_s": 0.5, "timeout_s": 0.5, "rise": 2,
          "fall": 3, "damping": {"enabled": False}}
-POLL_S = 0.02
 FIGURES: dict[str, Any] = {"conditions": {
     "members": 3, "backends": 3, "mode": "dsr", "dataplane": "xdp native, veth",
     "router": "BIRD 2, kernel protocol merge paths on, fib_multipath_hash_policy=1",
@@ -268,17 +267,6 @@ def fleet(lab: EcmpLab, keys: Keys, tmp_path_factory: pytest.TempPathFactory) ->
         print("ECMP fleet in the lab:", json.dumps(FIGURES))
 
 
-def member_local(config: dict[str, Any]) -> dict[str, Any]:
-    """A member's configuration without the member-local fields."""
-    config = json.loads(json.dumps(config))
-    for key in ("name", "netns", "management_address", "control_socket"):
-        config["appliance"].pop(key)
-    for key in ("router_id", "config_dir", "control_socket"):
-        config["bgp"].pop(key)
-    config.get("telemetry", {}).pop("bind", None)
-    return config
-
-
 def test_same_rings_and_ecmp_spreads(lab: EcmpLab, fleet: Fleet) -> None:
     configs = [member_local(fleet.apps[m].config()) for m in lab.members]
     assert configs[0] == configs[1] == configs[2]
@@ -404,24 +392,6 @@ class Settled:
                 self._same_since = (ring, now)
             return now - self._same_since[1] >= SETTLE_S and pred(ring)
         return check
-
-
-class RouteWatch(Watcher):
-    """Polls the router's next hops in a thread: when ``gone`` first left."""
-
-    def __init__(self, router: EcmpRouter, gone: str) -> None:
-        super().__init__(POLL_S)
-        self.router = router
-        self.gone = gone
-        self.left_at: float | None = None
-        self.hops_seen: list[set[str]] = []
-
-    def look(self) -> None:
-        hops = self.router.next_hops(ROUTE)
-        if not self.hops_seen or self.hops_seen[-1] != hops:
-            self.hops_seen.append(hops)
-        if self.gone not in hops and self.left_at is None:
-            self.left_at = time.time()
 
 
 class RingTimeline(Watcher):

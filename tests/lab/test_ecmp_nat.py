@@ -53,7 +53,8 @@ from hpclb.lab.ecmp import EcmpRouter, member_rings, ring_differences, tools_mis
 from hpclb.lab.ecmp_nat import MEMBER_SNAT, SNAT_PORTS, EcmpNatLab, EcmpNatMember, NatFlowCapture
 from hpclb.lab.topology import Lab, default_pass_obj
 
-from .polling import Watcher, held_at
+from .fleet_lab import POLL_S, ROUTE, RouteWatch, member_local
+from .polling import held_at
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0,
@@ -63,7 +64,6 @@ pytestmark = [
                               "(Debian packages bird2, tcpdump, iproute2, nftables)"),
 ]
 
-ROUTE = f"{LAB_VIP}/32"
 RING = f"{LAB_VIP}:{LAB_PORT}/6"
 BACKENDS = ("b1", "b2", "b3")
 WEIGHTS = dict.fromkeys(BACKENDS, 1.0)
@@ -75,7 +75,6 @@ FLEET_WINDOW = 8
 SPREAD_STREAMS = 90
 STREAMS = 150
 STREAM_TIMEOUT_S = 8.0
-POLL_S = 0.02
 SNAT_LOW, SNAT_HIGH = (int(p) for p in SNAT_PORTS.split("-"))
 FIGURES: dict[str, Any] = {"conditions": {
     "members": 3, "backends": 3, "mode": "nat, SNAT per member", "weights": "static",
@@ -180,18 +179,6 @@ def fleet(lab: EcmpNatLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         print("ECMP NAT fleet in the lab:", json.dumps(FIGURES))
 
 
-def member_local(config: dict[str, Any]) -> dict[str, Any]:
-    """A member's configuration without the member-local fields (the NAT
-    section's SNAT address among them)."""
-    config = json.loads(json.dumps(config))
-    for key in ("name", "netns", "management_address", "control_socket"):
-        config["appliance"].pop(key)
-    for key in ("router_id", "config_dir", "control_socket"):
-        config["bgp"].pop(key)
-    config["nat"]["snat"].pop("addresses")
-    return config
-
-
 def start_streams(lab: EcmpNatLab, ready: Path, count: int, duration_s: float
                   ) -> subprocess.Popen[str]:
     return lab.popen("cli", [sys.executable, "-m", "hpclb.lab.node", "streams", "--vip",
@@ -279,20 +266,6 @@ def test_nat_connections_spread_and_backends_see_each_members_snat(
                if addr in snat_member), peers
 
 
-class RouteWatch(Watcher):
-    """Polls the router's next hops in a thread: when ``gone`` first left."""
-
-    def __init__(self, fleet: NatFleet, gone: str) -> None:
-        super().__init__(POLL_S)
-        self.fleet = fleet
-        self.gone = gone
-        self.left_at: float | None = None
-
-    def look(self) -> None:
-        if self.gone not in self.fleet.router.next_hops(ROUTE) and self.left_at is None:
-            self.left_at = time.time()
-
-
 def conn_new(app: EcmpNatMember) -> int:
     return int(app.client.stats()["counters"]["conn_new"])
 
@@ -322,7 +295,7 @@ def test_kill9_member_under_nat_streams(lab: EcmpNatLab, fleet: NatFleet) -> Non
         opened = json.loads(ready.read_text())
         time.sleep(1.5)  # a line answered on each stream, through its member
         new_before = {m: conn_new(fleet.apps[m]) for m in survivors}
-        with RouteWatch(fleet, lab.ip_of(failed)) as watch:
+        with RouteWatch(fleet.router, lab.ip_of(failed)) as watch:
             injected = time.time()
             app.kill()
             os.kill(dp_pid, signal.SIGKILL)

@@ -39,8 +39,7 @@ mode a member's forwarded frames carry the backend's address, not the VIP's).
 
 from __future__ import annotations
 
-import subprocess
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,7 @@ from hpclb.lab.gateway import (
     GatewayLab,
     cluster_backend_ip,
 )
-from hpclb.lab.topology import BRIDGE, ETH, LAN_PREFIXLEN, MAC_FMT, LabError, Port
+from hpclb.lab.topology import BRIDGE, ETH, LAN_PREFIXLEN, MAC_FMT, Port
 
 CLUSTER_BRIDGE = "br2"  # br1 is the client network's in the ECMP lab
 MEMBER_CLUSTER = {"lba": "198.19.0.3", "lbb": "198.19.0.4", "lbc": "198.19.0.5"}
@@ -156,25 +155,14 @@ class EcmpNatMember(EcmpMember):
         self.snat_address = MEMBER_SNAT[member]
 
 
+@dataclass
 class NatFlowCapture(FlowCapture):
     """``FlowCapture`` of the frames the bridge sends *to* each member for the
     VIP (tcpdump ``-Q out`` on the member's LAN peer): the member the router
-    chose for each frame, by client source port."""
+    chose for each frame, by client source port (a NAT member's forwarded
+    frames carry the backend's address, not the VIP's)."""
 
-    def start(self, timeout_s: float = 10.0) -> None:
-        for m in self.members:
-            err = self.workdir / f"capture-{m}.err"
-            with open(self.path(m), "w") as out, open(err, "w") as errf:
-                self.procs[m] = self.lab.popen(
-                    self.lab.bridge_ns,
-                    ["tcpdump", "-n", "-tt", "-l", "--immediate-mode", "-Q", "out",
-                     "-i", self.lab.peer(m), f"ip dst host {self.vip}"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=errf)
-            deadline = time.monotonic() + timeout_s
-            while "listening on" not in err.read_text():
-                if self.procs[m].poll() is not None or time.monotonic() > deadline:
-                    raise LabError(f"tcpdump on {self.lab.peer(m)}: {err.read_text()}")
-                time.sleep(0.02)
+    direction: str = "out"
 
 
 __all__ = ["CLUSTER_BRIDGE", "MEMBER_CLUSTER", "MEMBER_SNAT", "SNAT_PORTS", "EcmpNatLab",

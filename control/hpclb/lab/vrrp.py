@@ -203,6 +203,9 @@ class Capture:
     vip: str
     workdir: Path
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    # "in": the frames coming from the member (what it forwarded); "out": those
+    # the bridge hands the member (what was sent to it).
+    direction: str = "in"
 
     def path(self, member: str) -> Path:
         return self.workdir / f"capture-{member}.txt"
@@ -216,7 +219,7 @@ class Capture:
                     # --immediate-mode: libpcap's TPACKET_V3 otherwise hands
                     # over a block only when full or after its timeout, and a
                     # short capture stopped by SIGINT loses what it held.
-                    ["tcpdump", "-n", "-tt", "-l", "--immediate-mode", "-Q", "in",
+                    ["tcpdump", "-n", "-tt", "-l", "--immediate-mode", "-Q", self.direction,
                      "-i", self.lab.peer(m),
                      f"ip dst host {self.vip}"],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=errf)
