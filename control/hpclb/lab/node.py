@@ -358,24 +358,30 @@ class StreamResult:
         }
 
 
-async def _stream_lines(
-    out: StreamResult, vip: str, port: int, interval: float, duration: float, timeout: float,
-) -> None:
-    """One connection, one line per interval; stops at the first error (a broken flow)."""
-    start = time.monotonic()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(vip, port), timeout)
+async def _converse(vip: str, port: int, interval: float, end: float, timeout: float,
+                    on_greeting: Callable[[bytes, int], None],
+                    on_answer: Callable[[str], None],
+                    local: tuple[str, int] | None = None) -> None:
+    """One connection (from ``local`` when given): the backend's greeting to
+    ``on_greeting`` (with the local port), then a line per ``interval`` until
+    ``end`` (monotonic), each answer to ``on_answer``; every step has its own
+    timeout, and the first error ends it (a broken flow): ``stream`` and each
+    connection of ``streams``."""
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(vip, port, local_addr=local), timeout)
     try:
-        out.greeting = (await asyncio.wait_for(reader.readline(), timeout)).decode().strip()
+        greeting = await asyncio.wait_for(reader.readline(), timeout)
+        on_greeting(greeting, int(writer.get_extra_info("sockname")[1]))
         seq = 0
-        while time.monotonic() - start < duration:
+        while time.monotonic() < end:
             writer.write(f"line {seq}\n".encode())
             await asyncio.wait_for(writer.drain(), timeout)
             line = await asyncio.wait_for(reader.readline(), timeout)
             if not line:
                 raise ConnectionResetError("closed by peer")
-            out.names.append(line.decode(errors="replace").strip())
+            on_answer(line.decode(errors="replace").strip())
             seq += 1
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(interval, max(0.0, end - time.monotonic())))
     finally:
         writer.close()
         with contextlib.suppress(Exception):
@@ -390,8 +396,13 @@ async def run_stream(
     # Every step has its own timeout; the outer bound is a safety net so that the
     # program always ends with a report, keeping whatever lines it recorded.
     limit = duration + 4 * timeout + 5
+
+    def greeted(greeting: bytes, _port: int) -> None:
+        out.greeting = greeting.decode().strip()
+
     try:
-        await asyncio.wait_for(_stream_lines(out, vip, port, interval, duration, timeout), limit)
+        await asyncio.wait_for(_converse(vip, port, interval, start + duration, timeout,
+                                         greeted, out.names.append), limit)
     except Exception as exc:  # reported in the JSON: the test decides what it means
         out.errors.append(f"{_error_name(exc)}: {exc}" if str(exc) else _error_name(exc))
     out.elapsed_s = time.monotonic() - start
@@ -426,36 +437,25 @@ class StreamsEntry:
 async def _streams_one(entry: StreamsEntry, vip: str, port: int, interval: float,
                        end: float, timeout: float, sport: int | None,
                        opened: asyncio.Event | None) -> None:
-    """One connection: greeting, then a line per interval until ``end``
-    (monotonic); stops at its first error (a broken flow)."""
-    local = (any_address(vip), sport) if sport is not None else None
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(vip, port, local_addr=local), timeout)
-    try:
-        entry.port = int(writer.get_extra_info("sockname")[1])
-        greeting = await asyncio.wait_for(reader.readline(), timeout)
+    """One connection of ``streams``: a greeting is required (it names the
+    first backend), then a line per interval until ``end`` (monotonic)."""
+
+    def greeted(greeting: bytes, local_port: int) -> None:
+        entry.port = local_port
         if not greeting:
             raise ConnectionResetError("closed without a name")
         entry.saw(greeting.decode(errors="replace").strip())
         entry.opened = time.time()
         if opened is not None:
             opened.set()
-        seq = 0
-        while time.monotonic() < end:
-            writer.write(f"line {seq}\n".encode())
-            await asyncio.wait_for(writer.drain(), timeout)
-            line = await asyncio.wait_for(reader.readline(), timeout)
-            if not line:
-                raise ConnectionResetError("closed by peer")
-            entry.saw(line.decode(errors="replace").strip())
-            entry.answered += 1
-            entry.last_answer = time.time()
-            seq += 1
-            await asyncio.sleep(min(interval, max(0.0, end - time.monotonic())))
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer.wait_closed(), timeout)
+
+    def answered(name: str) -> None:
+        entry.saw(name)
+        entry.answered += 1
+        entry.last_answer = time.time()
+
+    local = (any_address(vip), sport) if sport is not None else None
+    await _converse(vip, port, interval, end, timeout, greeted, answered, local)
 
 
 async def run_streams(vip: str, port: int, count: int, interval: float, duration: float,
